@@ -45,6 +45,7 @@ class VerifyParams(ctypes.Structure):
         ("k_stride_tok", ctypes.c_int64),
         ("kv_cache", ctypes.c_void_p),
         ("kv_stride_slot", ctypes.c_int64),
+        ("kv_num_slots", ctypes.c_int64),
         ("qo_indptr", ctypes.c_void_p),
         ("kv_indptr", ctypes.c_void_p),
         ("kv_indices", ctypes.c_void_p),

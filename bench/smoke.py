@@ -1,0 +1,186 @@
+"""Kernel smoke check for one GPU call: correctness on random trees against a float64 torch
+reference, then CUDA-graph timings of a few shapes against SGLang's Triton extend kernel.
+
+    python bench/smoke.py [--no-triton] [--json out.json]
+
+The full test suite is tests/gpu/; the full benchmark is bench/bench_verify.py. This script is
+the quick look taken after each kernel change (small, self-contained, ~1 minute).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+from kdtree_backend.ops import verify_attention  # noqa: E402
+
+
+def make_batch(B, H, n, prefix_lens, *, mask_kind="tree", mask_dtype=torch.uint8, qo_dtype=torch.int32,
+               device="cuda", seed=0, pool_extra=1000):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    T = B * n
+    q = torch.randn(T, H, 576, generator=g).to(torch.bfloat16).to(device)
+    k = torch.randn(T, 1, 576, generator=g).to(torch.bfloat16).to(device)
+    total = sum(prefix_lens)
+    N = total + pool_extra
+    kv = torch.randn(N, 1, 576, generator=g).to(torch.bfloat16).to(device)
+    perm = torch.randperm(N, generator=g)[:total]
+    kv_indices = torch.cat([perm, torch.randint(0, N, (17,), generator=g)]).to(torch.int64).to(device)
+    kv_indptr = torch.tensor([0] + list(torch.tensor(prefix_lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
+    qo_indptr = (torch.arange(B + 1) * n).to(qo_dtype).to(device)
+    mask = mask_indptr = None
+    if mask_kind != "none":
+        blocks, starts = [], [0]
+        for b in range(B):
+            P = prefix_lens[b]
+            anc = torch.zeros(n, n, dtype=torch.bool)
+            for c in range(n):
+                anc[c, c] = True
+                if c > 0:
+                    parent = int(torch.randint(0, c, (1,), generator=g)) if mask_kind == "tree" else c - 1
+                    anc[c] |= anc[parent]
+            garbage = torch.randint(0, 2, (n, P), generator=g).bool()  # prefix columns: never read
+            blocks.append(torch.cat([garbage, anc], 1).flatten())
+            starts.append(starts[-1] + n * (P + n))
+        mask = torch.cat(blocks).to(mask_dtype).to(device)
+        mask_indptr = torch.tensor(starts, dtype=torch.int64, device=device)
+    return dict(q=q, k=k, kv_cache=kv, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                custom_mask=mask, mask_indptr=mask_indptr, sm_scale=192 ** -0.5, max_qo_len=n)
+
+
+def reference(a, k_scale=1.0, v_scale=1.0):
+    q, k, kv = a["q"].double(), a["k"].double().reshape(-1, 576), a["kv_cache"].double().reshape(-1, 576)
+    qo, kvp, kvi = a["qo_indptr"].tolist(), a["kv_indptr"].tolist(), a["kv_indices"]
+    T, H, _ = q.shape
+    out = torch.zeros(T, H * 512, dtype=torch.float64, device=q.device)
+    for b in range(len(qo) - 1):
+        q0, q1, P = qo[b], qo[b + 1], kvp[b + 1] - kvp[b]
+        n = q1 - q0
+        Kp = kv[kvi[kvp[b]:kvp[b + 1]]]
+        Kd = k[q0:q1]
+        Q = q[q0:q1]
+        sp = torch.einsum("nhd,pd->nhp", Q, Kp) * a["sm_scale"] * k_scale
+        sd = torch.einsum("nhd,cd->nhc", Q, Kd) * a["sm_scale"]
+        if a["custom_mask"] is not None:
+            m0 = int(a["mask_indptr"][b])
+            vis = a["custom_mask"][m0:m0 + n * (P + n)].reshape(n, P + n)[:, P:] != 0
+        else:
+            vis = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        sd = sd.masked_fill(~vis[:, None, :], float("-inf"))
+        p = torch.softmax(torch.cat([sp, sd], -1), -1).nan_to_num(0.0)
+        o = torch.einsum("nhp,pd->nhd", p[..., :P], Kp[:, :512]) * v_scale + torch.einsum(
+            "nhc,cd->nhd", p[..., P:], Kd[:, :512])
+        out[q0:q1] = o.reshape(n, H * 512)
+    return out
+
+
+def correctness():
+    cases = [
+        (1, 8, 16, [1000], "tree", torch.uint8, torch.int32),
+        (3, 1, 3, [0, 5, 37], "tree", torch.bool, torch.int64),
+        (2, 16, 33, [129, 1], "chain", torch.uint8, torch.int64),
+        (2, 8, 5, [70, 0], "none", None, torch.int32),
+        (1, 128, 64, [300], "tree", torch.uint8, torch.int32),
+        (4, 64, 16, [17, 4096, 33, 700], "tree", torch.bool, torch.int32),
+        (5, 3, 7, [1, 1, 1, 1, 1], "tree", torch.uint8, torch.int64),
+        (1, 8, 16, [20000], "tree", torch.uint8, torch.int32),
+    ]
+    rows = []
+    ok = True
+    for i, (B, H, n, pl, mk, md, qd) in enumerate(cases):
+        a = make_batch(B, H, n, pl, mask_kind=mk, mask_dtype=md or torch.uint8, qo_dtype=qd, seed=100 + i)
+        for ks, vs in ((1.0, 1.0), (0.7, 1.3)):
+            out = torch.full((B * n, H * 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+            verify_attention(**a, out=out, k_scale=ks, v_scale=vs)
+            torch.cuda.synchronize()
+            ref = reference(a, ks, vs)
+            err = ((out.double() - ref).norm() / ref.norm()).item()
+            finite = bool(torch.isfinite(out).all())
+            good = finite and err < 1e-2
+            ok &= good
+            rows.append(dict(B=B, H=H, n=n, prefix=pl, mask=mk, k_scale=ks, v_scale=vs, rel_err=err, finite=finite))
+            print(f"{'ok ' if good else 'BAD'} B={B} H={H} n={n} prefix={pl[:4]} mask={mk} ks={ks} vs={vs} "
+                  f"rel_err={err:.2e} finite={finite}", flush=True)
+    return ok, rows
+
+
+def time_graph(fn, iters=50):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) * 1000)
+    return statistics.median(ts)
+
+
+def timings(with_triton=True):
+    shapes = [(1, 8, 16, 1024), (1, 8, 16, 8192), (8, 8, 16, 8192), (32, 8, 16, 8192), (1, 8, 16, 32768),
+              (32, 16, 64, 8192), (8, 16, 64, 32768), (1, 8, 8, 32768), (32, 8, 8, 32768)]
+    if with_triton:
+        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+    res = []
+    for B, H, n, L in shapes:
+        a = make_batch(B, H, n, [L] * B, seed=7, pool_extra=L)
+        out = torch.empty(B * n, H * 512, dtype=torch.bfloat16, device="cuda")
+        t_ours = time_graph(lambda: verify_attention(**a, out=out))
+        t_tri = float("nan")
+        if with_triton:
+            v = a["k"][..., :512].contiguous()
+            o2 = torch.empty(B * n, H, 512, dtype=torch.bfloat16, device="cuda")
+            kvb = a["kv_cache"]
+
+            def tri():
+                extend_attention_fwd(a["q"], a["k"], v, o2, kvb, kvb[..., :512], a["qo_indptr"], a["kv_indptr"],
+                                     a["kv_indices"], a["custom_mask"], True, a["mask_indptr"], n, 1.0, 1.0,
+                                     a["sm_scale"])
+            t_tri = time_graph(tri, iters=10)
+            d = ((o2.reshape(B * n, -1).double() - out.double()).norm() / out.double().norm()).item()
+        else:
+            d = float("nan")
+        flops = 2 * B * n * H * (L + n) * 1088
+        byts = B * (L + n) * 1152 + B * n * H * (1152 + 1024)
+        row = dict(B=B, H=H, n=n, L=L, ours_us=t_ours, triton_us=t_tri, speedup=t_tri / t_ours,
+                   tflops=flops / t_ours / 1e6, tbps=byts / t_ours / 1e6, diff_vs_triton=d)
+        res.append(row)
+        print(f"B={B:<3} H={H:<3} n={n:<3} L={L:<6} ours {t_ours:9.1f} us  triton {t_tri:9.1f} us  "
+              f"x{t_tri / t_ours:6.1f}  {row['tflops']:6.1f} TF/s  {row['tbps']:5.2f} TB/s  diff {d:.1e}", flush=True)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    t0 = time.time()
+    ok, corr = correctness()
+    tim = timings(not args.no_triton)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(), correctness=corr, timings=tim), f, indent=1)
+    print(f"smoke {'PASSED' if ok else 'FAILED'} in {time.time() - t0:.0f}s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""Build the kernel library (`libkdtree_verify.so`) with nvcc, and check what was built.
+
+    python -m kdtree_backend.build                 # sm_90 + sm_120 into kdtree_backend/_lib/
+    python -m kdtree_backend.build --arch 90       # only what this H100/H200 needs
+    python -m kdtree_backend.build --check         # also fail on spills / missing archs
+
+The build is a plain nvcc command (no CMake, no torch extension): the library is loaded with
+ctypes, links the CUDA runtime statically and exports a C ABI (csrc/kdtree_api.h), so one .so
+works for any torch build on the machine. The compiler's resource report is parsed so that CI can
+refuse register spills and shared memory over sm_120's limit without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import abi
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+CSRC_DIR = PACKAGE_DIR / "csrc"
+DEFAULT_OUTPUT = PACKAGE_DIR / "_lib" / abi.LIB_FILENAME
+DEFAULT_ARCHS = (90, 120)
+SM120_MAX_SMEM_PER_BLOCK = 101_376
+MAIN_KERNEL = "verify_attention_kernel"
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class KernelResources:
+    arch: int
+    kernel: str
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+@dataclasses.dataclass
+class BuildReport:
+    path: Path
+    archs: tuple[int, ...]
+    command: list[str]
+    resources: list[KernelResources]
+    ptxas_log: str
+
+    def problems(self) -> list[str]:
+        """What CI refuses: spills or stack frames in the verify kernel, on any arch."""
+        out = []
+        for r in self.resources:
+            if MAIN_KERNEL in r.kernel and (r.spill_stores or r.spill_loads or r.stack_bytes):
+                out.append(
+                    f"sm_{r.arch} {MAIN_KERNEL}: {r.registers} registers, {r.spill_stores} B spill stores, "
+                    f"{r.spill_loads} B spill loads, {r.stack_bytes} B stack"
+                )
+        return out
+
+
+def find_nvcc() -> str | None:
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump from the CUDA toolkit, or the copy Triton's wheel carries."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    nvcc = find_nvcc()
+    if nvcc:
+        cand = Path(nvcc).resolve().parent / "cuobjdump"
+        if cand.is_file():
+            return str(cand)
+    try:
+        import triton  # noqa: PLC0415
+
+        cand = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        if cand.is_file():
+            return str(cand)
+    except Exception:
+        pass
+    return None
+
+
+def source_files() -> list[Path]:
+    return sorted(p for p in CSRC_DIR.iterdir() if p.suffix in (".cu", ".cuh", ".h"))
+
+
+def source_digest() -> str:
+    h = hashlib.sha256()
+    for p in source_files():
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _package_version() -> str:
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("kdtree-backend")
+    except Exception:
+        return "0.0.0"
+
+
+def nvcc_command(nvcc: str, out: Path, archs: tuple[int, ...], extra: tuple[str, ...] = ()) -> list[str]:
+    gencodes = []
+    for a in archs:
+        gencodes += [f"-gencode=arch=compute_{a},code=sm_{a}"]
+    lib_version = f"{_package_version()}+src.{source_digest()}"
+    return [
+        nvcc,
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-Xcompiler",
+        "-fPIC,-fvisibility=hidden",
+        "-cudart",
+        "static",
+        "-lineinfo",
+        "-Xptxas",
+        "-v",
+        f'-DKDTREE_BUILT_ARCHS="{",".join(str(a) for a in archs)}"',
+        f'-DKDTREE_LIBRARY_VERSION="{lib_version}"',
+        *gencodes,
+        *extra,
+        "-o",
+        str(out),
+        str(CSRC_DIR / "kdtree_api.cu"),
+    ]
+
+
+_ENTRY = re.compile(r"Compiling entry function '(?P<name>[^']+)' for 'sm_(?P<arch>\d+)a?'")
+_SPILL = re.compile(r"(?P<stack>\d+) bytes stack frame, (?P<st>\d+) bytes spill stores, (?P<ld>\d+) bytes spill loads")
+_REGS = re.compile(r"Used (?P<regs>\d+) registers")
+
+
+def parse_ptxas(log: str) -> list[KernelResources]:
+    out: list[KernelResources] = []
+    cur = None
+    for line in log.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            cur = KernelResources(int(m["arch"]), m["name"], 0, 0, 0, 0)
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = _SPILL.search(line)
+        if m:
+            cur.stack_bytes, cur.spill_stores, cur.spill_loads = int(m["stack"]), int(m["st"]), int(m["ld"])
+        m = _REGS.search(line)
+        if m:
+            cur.registers = int(m["regs"])
+    return out
+
+
+def build_library(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose: bool = False,
+                  check: bool = False) -> Path:
+    """Compile the library; returns its path. Raises BuildError with nvcc's output on failure."""
+    return build(out, archs, extra_flags=extra_flags, verbose=verbose, check=check).path
+
+
+def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose: bool = False,
+          check: bool = False) -> BuildReport:
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise BuildError("nvcc not found: install the CUDA toolkit (13.0 is tested) or set NVCC=/path/to/nvcc")
+    archs = tuple(int(a) for a in (archs or DEFAULT_ARCHS))
+    out = Path(out) if out is not None else DEFAULT_OUTPUT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Compile next to the target, then rename: a process loading the old library never sees a
+    # half-written file.
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out.parent)
+    os.close(fd)
+    cmd = nvcc_command(nvcc, Path(tmp), archs, tuple(extra_flags))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        Path(tmp).unlink(missing_ok=True)
+        raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, out)
+    report = BuildReport(out, archs, cmd, parse_ptxas(log), log)
+    if verbose:
+        print(" ".join(cmd))
+        for r in report.resources:
+            print(f"  sm_{r.arch:<4} {r.kernel[:60]:<60} regs={r.registers} spill={r.spill_stores}/{r.spill_loads} "
+                  f"stack={r.stack_bytes}")
+    if check:
+        problems = report.problems()
+        missing = sorted(set(archs) - set(elf_archs(out) or archs))
+        if missing:
+            problems.append(f"archs missing from the fat binary: {missing}")
+        if problems:
+            raise BuildError("build check failed:\n  " + "\n  ".join(problems))
+    return report
+
+
+def elf_archs(path: Path | str) -> list[int] | None:
+    """SASS architectures inside the library's fat binary (None when cuobjdump is unavailable)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        return None
+    proc = subprocess.run([tool, "--list-elf", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"cuobjdump --list-elf failed: {proc.stderr.strip()}")
+    return sorted({int(m) for m in re.findall(r"\.sm_(\d+)a?\.", proc.stdout)})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kdtree_backend.build", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help=f"output path (default {DEFAULT_OUTPUT})")
+    ap.add_argument("--arch", type=int, action="append", help="compute capability x10, e.g. 90 or 120 (repeatable)")
+    ap.add_argument("--check", action="store_true", help="fail on spills, stack frames or missing archs")
+    ap.add_argument("--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        report = build(args.out, args.arch, verbose=not args.quiet, check=args.check)
+    except BuildError as e:
+        print(f"kdtree-backend build: {e}", file=sys.stderr)
+        return 1
+    print(f"built {report.path} for {', '.join('sm_%d' % a for a in report.archs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

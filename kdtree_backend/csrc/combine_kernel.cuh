@@ -1,0 +1,70 @@
+// Merge of the KV splits: for every query row of a request whose keys were cut into more than one
+// split, out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse). Requests that ran in a
+// single split were written directly by the main kernel and are skipped here.
+#pragma once
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#include "verify_kernel.cuh"
+
+namespace kdtree {
+
+constexpr int kCombineRowsPerBlock = 8;  // one warp per row
+
+template <class Cfg>
+__global__ void __launch_bounds__(kCombineRowsPerBlock * 32) combine_splits_kernel(const KdtreeVerifyParams p,
+                                                                                  int num_row_tiles) {
+  const int lane = threadIdx.x & 31;
+  const int r = blockIdx.x * kCombineRowsPerBlock + (threadIdx.x >> 5);
+  const int b = blockIdx.y;
+  const RequestView req = load_request(p, b);
+  const int H = p.num_heads;
+  if (r >= req.n * H) return;
+  const SplitWork w = split_work(req.prefix, req.n, p.num_splits,
+                                 min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
+  if (w.active <= 1) return;
+
+  const int64_t rows_per_split = static_cast<int64_t>(num_row_tiles) * Cfg::kM;
+  const float* ws_o = reinterpret_cast<const float*>(p.workspace);
+  const float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * p.num_splits * rows_per_split * kVDim;
+  const int64_t row0 = static_cast<int64_t>(b) * p.num_splits * rows_per_split + r;
+
+  float lse_max = -CUDART_INF_F;
+  for (int s = 0; s < w.active; ++s) lse_max = fmaxf(lse_max, ws_lse[row0 + s * rows_per_split]);
+
+  float4 acc[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  float wsum = 0.f;
+  if (lse_max != -CUDART_INF_F) {
+    for (int s = 0; s < w.active; ++s) {
+      const int64_t row = row0 + s * rows_per_split;
+      const float lse = ws_lse[row];
+      if (lse == -CUDART_INF_F) continue;  // this split saw no key of this row
+      const float wt = exp2f(lse - lse_max);
+      wsum += wt;
+      const float4* src = reinterpret_cast<const float4*>(ws_o + row * kVDim);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 v = src[lane + 32 * i];
+        acc[i].x += wt * v.x;
+        acc[i].y += wt * v.y;
+        acc[i].z += wt * v.z;
+        acc[i].w += wt * v.w;
+      }
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  const int tok = r / H, head = r - (r / H) * H;
+  __nv_bfloat16* dst =
+      reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok + static_cast<int64_t>(head) * kVDim;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint2 packed;
+    packed.x = pack_bf16x2(acc[i].x * inv, acc[i].y * inv);
+    packed.y = pack_bf16x2(acc[i].z * inv, acc[i].w * inv);
+    *reinterpret_cast<uint2*>(dst + 4 * (lane + 32 * i)) = packed;
+  }
+}
+
+}  // namespace kdtree

@@ -1,0 +1,246 @@
+// extern "C" surface of libkdtree_verify.so: argument checks, the launch plan, kernel dispatch.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "combine_kernel.cuh"
+#include "kdtree_api.h"
+#include "verify_kernel.cuh"
+
+#ifndef KDTREE_BUILT_ARCHS
+#error "build with -DKDTREE_BUILT_ARCHS=\"90,120\" (kdtree_backend/build.py does)"
+#endif
+#ifndef KDTREE_LIBRARY_VERSION
+#define KDTREE_LIBRARY_VERSION "unknown"
+#endif
+
+namespace {
+
+thread_local char g_last_error[1024] = "no error";
+
+int fail(int code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_last_error, sizeof(g_last_error), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+constexpr int kMaxDevices = 64;
+constexpr int kDefaultMinKeysPerSplit = 128;
+constexpr int kMaxSplits = 128;
+
+bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
+
+// The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
+// unknown then (CUDA-graph capture sees dummy ones). The main kernel runs one CTA per SM
+// (launch bounds + ~90 KB of shared memory), so pick the count that minimises waves / splits,
+// with a small charge for splitting at all (combine pass, Q re-loads). Short prefixes use fewer
+// splits on the device (min_keys_per_split).
+int choose_splits(int64_t base_ctas, int num_sms) {
+  if (base_ctas >= num_sms) {
+    // Already a full wave: split only if it evens out a ragged last wave.
+    double best_cost = 1e30;
+    int best = 1;
+    for (int s = 1; s <= 4; ++s) {
+      const int64_t waves = (base_ctas * s + num_sms - 1) / num_sms;
+      const double cost = static_cast<double>(waves) / s + (s > 1 ? 0.05 * waves / s + 0.02 : 0.0);
+      if (cost < best_cost - 1e-9) {
+        best_cost = cost;
+        best = s;
+      }
+    }
+    return best;
+  }
+  int s = static_cast<int>(num_sms / base_ctas);
+  return s < 1 ? 1 : (s > kMaxSplits ? kMaxSplits : s);
+}
+
+template <class Cfg>
+struct Launcher {
+  static int plan(int batch, int num_heads, int max_qo_len, int num_sms, KdtreePlan* plan) {
+    const int64_t rows = static_cast<int64_t>(num_heads) * max_qo_len;
+    const int row_tiles = static_cast<int>((rows + Cfg::kM - 1) / Cfg::kM);
+    const int splits = choose_splits(static_cast<int64_t>(batch) * row_tiles, num_sms);
+    plan->num_splits = splits;
+    plan->row_tiles = row_tiles;
+    plan->rows_per_tile = Cfg::kM;
+    plan->min_keys_per_split = kDefaultMinKeysPerSplit;
+    plan->workspace_bytes =
+        splits > 1 ? static_cast<int64_t>(batch) * splits * row_tiles * Cfg::kM * (kdtree::kVDim + 1) * 4 : 0;
+    return KDTREE_OK;
+  }
+
+  static int ensure_smem_attribute(int device) {
+    static std::atomic<bool> done[kMaxDevices];
+    if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire)) return KDTREE_OK;
+    cudaError_t e = cudaFuncSetAttribute(kdtree::verify_attention_kernel<Cfg>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (e != cudaSuccess) {
+      return fail(e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice
+                      ? KDTREE_ERR_NO_KERNEL_IMAGE
+                      : KDTREE_ERR_CUDA,
+                  "cudaFuncSetAttribute(%d bytes of shared memory) failed on device %d: %s (library built for "
+                  "compute capabilities %s)",
+                  Cfg::kSmemBytes, device, cudaGetErrorString(e), KDTREE_BUILT_ARCHS);
+    }
+    if (device >= 0 && device < kMaxDevices) done[device].store(true, std::memory_order_release);
+    return KDTREE_OK;
+  }
+
+  static int run(const KdtreeVerifyParams& p, cudaStream_t stream) {
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return fail(KDTREE_ERR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+    int rc = ensure_smem_attribute(device);
+    if (rc != KDTREE_OK) return rc;
+    const int64_t rows = static_cast<int64_t>(p.num_heads) * p.max_qo_len;
+    const int row_tiles = static_cast<int>((rows + Cfg::kM - 1) / Cfg::kM);
+    if (p.num_splits > 1) {
+      const int64_t need = static_cast<int64_t>(p.batch) * p.num_splits * row_tiles * Cfg::kM * (kdtree::kVDim + 1) * 4;
+      if (p.workspace == nullptr || p.workspace_bytes < need) {
+        return fail(KDTREE_ERR_WORKSPACE, "workspace of %lld bytes is too small: %lld needed for %d splits",
+                    static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.num_splits);
+      }
+    }
+    if (row_tiles > 65535 * 64) return fail(KDTREE_ERR_UNSUPPORTED, "too many query rows per request");
+    dim3 grid(row_tiles, p.num_splits, p.batch);
+    kdtree::verify_attention_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      return fail(e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice
+                      ? KDTREE_ERR_NO_KERNEL_IMAGE
+                      : KDTREE_ERR_CUDA,
+                  "launch of the verify kernel (grid %d x %d x %d) failed: %s", row_tiles, p.num_splits, p.batch,
+                  cudaGetErrorString(e));
+    }
+    if (p.num_splits > 1) {
+      dim3 cgrid((row_tiles * Cfg::kM + kdtree::kCombineRowsPerBlock - 1) / kdtree::kCombineRowsPerBlock, p.batch);
+      kdtree::combine_splits_kernel<Cfg><<<cgrid, kdtree::kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
+      e = cudaGetLastError();
+      if (e != cudaSuccess) {
+        return fail(KDTREE_ERR_CUDA, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
+      }
+    }
+    return KDTREE_OK;
+  }
+
+  static int probe(int device, char* msg, int msg_len) {
+    cudaFuncAttributes attr;
+    cudaError_t e = cudaFuncGetAttributes(&attr, kdtree::verify_attention_kernel<Cfg>);
+    cudaDeviceProp prop;
+    memset(&prop, 0, sizeof(prop));
+    cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      const int code = (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice)
+                           ? KDTREE_ERR_NO_KERNEL_IMAGE
+                           : KDTREE_ERR_CUDA;
+      fail(code, "no usable kernel image for device %d (%s, compute capability %d.%d): %s; library built for %s",
+           device, prop.name, prop.major, prop.minor, cudaGetErrorString(e), KDTREE_BUILT_ARCHS);
+      if (msg && msg_len > 0) snprintf(msg, msg_len, "%s", g_last_error);
+      return code;
+    }
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (optin < Cfg::kSmemBytes) {
+      fail(KDTREE_ERR_UNSUPPORTED, "device %d (%s) allows %d bytes of shared memory per block; the kernel needs %d",
+           device, prop.name, optin, Cfg::kSmemBytes);
+      if (msg && msg_len > 0) snprintf(msg, msg_len, "%s", g_last_error);
+      return KDTREE_ERR_UNSUPPORTED;
+    }
+    if (msg && msg_len > 0) {
+      snprintf(msg, msg_len,
+               "device %d (%s, compute capability %d.%d): kernel binary sm_%d, %d registers/thread, %d B static + %d B "
+               "dynamic shared memory, %d local bytes",
+               device, prop.name, prop.major, prop.minor, attr.binaryVersion, attr.numRegs,
+               static_cast<int>(attr.sharedSizeBytes), Cfg::kSmemBytes, static_cast<int>(attr.localSizeBytes));
+    }
+    return KDTREE_OK;
+  }
+};
+
+using Portable = Launcher<kdtree::PortableConfig>;
+
+// abi.py mirrors this struct field by field; a size change means the mirror is stale.
+static_assert(sizeof(KdtreeVerifyParams) == 184, "KdtreeVerifyParams changed: update abi.py and bump KDTREE_ABI_VERSION");
+static_assert(sizeof(KdtreePlan) == 24, "KdtreePlan changed: update abi.py and bump KDTREE_ABI_VERSION");
+
+}  // namespace
+
+extern "C" {
+
+int kdtree_abi_version(void) { return KDTREE_ABI_VERSION; }
+
+const char* kdtree_built_archs(void) { return KDTREE_BUILT_ARCHS; }
+
+const char* kdtree_library_version(void) { return KDTREE_LIBRARY_VERSION; }
+
+const char* kdtree_error_string(int code) {
+  if (code == KDTREE_OK) return "ok";
+  return g_last_error;
+}
+
+int kdtree_probe_device(int device, char* msg, int msg_len) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || device < 0 || device >= count) {
+    cudaGetLastError();
+    fail(KDTREE_ERR_CUDA, "device %d is not available (%d visible): %s", device, count,
+         e != cudaSuccess ? cudaGetErrorString(e) : "index out of range");
+    if (msg && msg_len > 0) snprintf(msg, msg_len, "%s", g_last_error);
+    return KDTREE_ERR_CUDA;
+  }
+  int prev = 0;
+  cudaGetDevice(&prev);
+  if (prev != device) cudaSetDevice(device);
+  const int rc = Portable::probe(device, msg, msg_len);
+  if (prev != device) cudaSetDevice(prev);
+  return rc;
+}
+
+int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, int config, KdtreePlan* plan) {
+  if (plan == nullptr) return fail(KDTREE_ERR_INVALID_ARGUMENT, "plan is NULL");
+  if (batch < 1 || batch > 65535) return fail(KDTREE_ERR_INVALID_ARGUMENT, "batch %d not in [1, 65535]", batch);
+  if (num_heads < 1 || num_heads > 1024)
+    return fail(KDTREE_ERR_INVALID_ARGUMENT, "num_heads %d not in [1, 1024]", num_heads);
+  if (max_qo_len < 1 || max_qo_len > 4096)
+    return fail(KDTREE_ERR_INVALID_ARGUMENT, "max_qo_len %d not in [1, 4096]", max_qo_len);
+  if (num_sms < 1) return fail(KDTREE_ERR_INVALID_ARGUMENT, "num_sms %d < 1", num_sms);
+  switch (config) {
+    case 0:
+      return Portable::plan(batch, num_heads, max_qo_len, num_sms, plan);
+    default:
+      return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", config);
+  }
+}
+
+int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
+  if (params == nullptr) return fail(KDTREE_ERR_INVALID_ARGUMENT, "params is NULL");
+  const KdtreeVerifyParams& p = *params;
+  if (!p.q || !p.k || !p.kv_cache || !p.qo_indptr || !p.kv_indptr || !p.kv_indices || !p.out)
+    return fail(KDTREE_ERR_INVALID_ARGUMENT, "a required pointer is NULL");
+  if (p.custom_mask && !p.mask_indptr) return fail(KDTREE_ERR_INVALID_ARGUMENT, "custom_mask without mask_indptr");
+  if (p.batch < 1 || p.batch > 65535 || p.num_heads < 1 || p.max_qo_len < 1 || p.num_splits < 1)
+    return fail(KDTREE_ERR_INVALID_ARGUMENT, "batch=%d num_heads=%d max_qo_len=%d num_splits=%d out of range",
+                p.batch, p.num_heads, p.max_qo_len, p.num_splits);
+  // cp.async moves 16-byte chunks: every row start must be 16-byte aligned.
+  if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.kv_cache, 16) || p.q_stride_tok % 8 ||
+      p.q_stride_head % 8 || p.k_stride_tok % 8 || p.kv_stride_slot % 8)
+    return fail(KDTREE_ERR_INVALID_ARGUMENT, "q/k/kv_cache rows must start on 16-byte boundaries");
+  if (!aligned(p.out, 8) || p.out_stride_tok % 4)
+    return fail(KDTREE_ERR_INVALID_ARGUMENT, "out rows must start on 8-byte boundaries");
+  if (p.workspace && !aligned(p.workspace, 16))
+    return fail(KDTREE_ERR_INVALID_ARGUMENT, "workspace must be 16-byte aligned");
+  switch (p.config) {
+    case 0:
+      return Portable::run(p, static_cast<cudaStream_t>(stream));
+    default:
+      return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", p.config);
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,80 @@
+// Warp-level building blocks shared by the verify kernels: cp.async, ldmatrix, mma.sync bf16,
+// the swizzled shared-memory layout of 576-wide bf16 rows, and named barriers.
+// Everything here is plain sm_80+ PTX so the same code runs on sm_90 and sm_120.
+#pragma once
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace kdtree {
+
+constexpr int kQkDim = 576;              // 512 latent + 64 rope
+constexpr int kVDim = 512;               // V = the first 512 columns of the K row
+constexpr int kRowBytes = kQkDim * 2;    // 1152 bytes per bf16 row
+constexpr int kRowChunks = kRowBytes / 16;  // 72 chunks of 16 bytes
+
+// A 576-wide row is 72 chunks of 16 B; 1152 B is a multiple of 128 B, so without a swizzle the
+// 8 rows an ldmatrix reads would all hit the same banks. XOR the low 3 bits of the chunk with
+// the row: the 8 rows of any 8x8 matrix land in 8 distinct 16-byte bank groups.
+__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kRowBytes + (((chunk & ~7) | ((chunk ^ row) & 7)) << 4));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous copy; src_bytes = 0 writes zeros (rows past the end, padded rows) so
+// that no garbage (possibly Inf/NaN bits) ever enters a matmul.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// D += A(16x16, row) * B(16x8, col); bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Barrier among `count` threads (a multiple of 32) using hardware barrier `id` (1..15; 0 is
+// __syncthreads). Lets the warps that share a row group meet without stopping the others.
+__device__ __forceinline__ void named_barrier(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+template <bool kIs64>
+__device__ __forceinline__ int64_t load_index(const void* p, int64_t i) {
+  if constexpr (kIs64) {
+    return __ldg(reinterpret_cast<const int64_t*>(p) + i);
+  } else {
+    return static_cast<int64_t>(__ldg(reinterpret_cast<const int32_t*>(p) + i));
+  }
+}
+
+__device__ __forceinline__ int64_t load_index(const void* p, int64_t i, bool is64) {
+  return is64 ? load_index<true>(p, i) : load_index<false>(p, i);
+}
+
+}  // namespace kdtree

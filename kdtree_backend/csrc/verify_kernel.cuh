@@ -1,0 +1,504 @@
+// MLA tree-verify attention, one kernel family: paged latent KV (576-dim K rows, V = their first
+// 512 columns), all H x n query rows of a request sharing one K stream, ancestor-only draft mask,
+// split-KV with a device-side split count, fp32 online softmax, mma.sync bf16 tensor cores.
+//
+// CTA = one row tile (kM query rows of one request) x one KV split. Warps form a kRG x kCS grid:
+//   * row group g (16 query rows each) and partition h (of kCS);
+//   * QK^T: warp (g, h) multiplies its 16 Q rows (held in registers) by the K tile over depth slice
+//     h (576/kCS columns); the kCS partial scores of a row group are summed through shared memory;
+//   * softmax: every warp of the group holds the full score rows (identical bits) and its own
+//     running max / sum;
+//   * PV: warp (g, h) accumulates output columns slice h (512/kCS) in registers.
+// So each K tile is loaded into shared memory once and feeds both matmuls (V = K[:, :512]), and
+// the output accumulator (kM x 512 fp32) is spread over all warps (128 registers a thread for the
+// portable configuration).
+#pragma once
+#include <cuda_bf16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "kdtree_api.h"
+#include "mma_utils.cuh"
+
+namespace kdtree {
+
+template <int RG, int CS, int BN, int ST>
+struct VerifyConfig {
+  static constexpr int kRG = RG;      // row groups of 16 query rows
+  static constexpr int kCS = CS;      // depth (QK) / column (PV) partitions
+  static constexpr int kBN = BN;      // keys per tile
+  static constexpr int kStages = ST;  // cp.async pipeline depth
+  static constexpr int kWarps = RG * CS;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kM = RG * 16;  // query rows per CTA
+  static constexpr int kQkSlice = kQkDim / CS;    // depth per warp
+  static constexpr int kKSteps = kQkSlice / 16;   // mma k-steps per warp for QK^T
+  static constexpr int kVSlice = kVDim / CS;      // output columns per warp
+  static constexpr int kVTiles = kVSlice / 8;     // n8 accumulator tiles per warp
+  static constexpr int kNTiles = BN / 8;          // n8 score tiles per key tile
+  static constexpr int kTileBytes = BN * kRowBytes;
+  static constexpr int kQBytes = kM * kRowBytes;
+  static constexpr int kKvBytes = ST * kTileBytes;
+  static constexpr int kStageBytes = kKvBytes > kQBytes ? kKvBytes : kQBytes;  // Q is staged here first
+  static constexpr int kExchangeBytes = CS > 1 ? CS * kM * BN * 4 : 0;
+  static constexpr int kSmemBytes = kStageBytes + kExchangeBytes;
+
+  static_assert(kQkSlice % 16 == 0, "each warp's QK depth slice must be whole mma k-steps");
+  static_assert(kVSlice % 16 == 0, "each warp's output slice must be whole ldmatrix.x4 pairs");
+  static_assert(BN % 16 == 0, "key tiles are whole mma k-steps for PV");
+  static_assert(kThreads % BN == 0 && kThreads % kM == 0, "load mapping: whole threads per row");
+  static_assert(ST >= 2, "need at least double buffering");
+  static_assert(RG + 1 <= 16, "named barrier ids 1..RG");
+};
+
+// The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
+// select. 64 query rows x 16-key tiles, 4 stages: 81,920 B of shared memory, 0 spills at 252-255
+// registers (the 32-key double-buffered variant spills 44-72 B on sm_90/sm_120).
+using PortableConfig = VerifyConfig<4, 2, 16, 4>;
+constexpr int kSm120MaxSmemPerBlock = 101376;
+static_assert(PortableConfig::kSmemBytes <= kSm120MaxSmemPerBlock,
+              "the portable configuration must fit sm_120's 99 KB of shared memory per block");
+
+// How one request's keys (prefix tiles, then draft tiles) are cut into KV splits. Computed on the
+// device from the request's lengths, so a graph captured with dummy lengths replays correctly.
+struct SplitWork {
+  int prefix_tiles;
+  int key_tiles;
+  int tiles_per_split;
+  int active;  // splits that own at least one tile
+};
+
+__host__ __device__ __forceinline__ SplitWork split_work(int prefix_len, int qo_len, int num_splits,
+                                                         int min_tiles, int bn) {
+  SplitWork w;
+  w.prefix_tiles = (prefix_len + bn - 1) / bn;
+  w.key_tiles = w.prefix_tiles + (qo_len + bn - 1) / bn;
+  if (w.key_tiles <= 0) {
+    w.tiles_per_split = 1;
+    w.active = 0;
+    return w;
+  }
+  int s = (w.key_tiles + min_tiles - 1) / min_tiles;
+  s = s < num_splits ? s : num_splits;
+  s = s < 1 ? 1 : s;
+  w.tiles_per_split = (w.key_tiles + s - 1) / s;
+  w.active = (w.key_tiles + w.tiles_per_split - 1) / w.tiles_per_split;
+  return w;
+}
+
+struct RequestView {
+  int64_t q0;   // first query token of the request
+  int n;        // draft tokens (query tokens) of the request
+  int64_t kv0;  // first kv_indices entry of the request
+  int prefix;   // committed prefix length
+};
+
+__device__ __forceinline__ RequestView load_request(const KdtreeVerifyParams& p, int b) {
+  RequestView r;
+  const bool qo64 = p.qo_indptr_is_int64 != 0;
+  const bool kv64 = p.kv_indptr_is_int64 != 0;
+  r.q0 = load_index(p.qo_indptr, b, qo64);
+  int64_t n = load_index(p.qo_indptr, b + 1, qo64) - r.q0;
+  // The grid covers max_qo_len rows per request; never index past what the grid was sized for.
+  n = n < 0 ? 0 : (n > p.max_qo_len ? p.max_qo_len : n);
+  r.n = static_cast<int>(n);
+  r.kv0 = load_index(p.kv_indptr, b, kv64);
+  const int64_t prefix = load_index(p.kv_indptr, b + 1, kv64) - r.kv0;
+  r.prefix = prefix < 0 ? 0 : static_cast<int>(prefix);
+  return r;
+}
+
+__host__ __device__ __forceinline__ int min_tiles_per_split(int min_keys, int bn) {
+  const int t = min_keys / bn;
+  return t < 1 ? 1 : t;
+}
+
+// Per-warp state carried across key tiles.
+template <class Cfg>
+struct WarpState {
+  uint32_t q[Cfg::kKSteps][4];      // this warp's 16 Q rows x depth slice, as mma A fragments
+  float o[Cfg::kVTiles][4];         // output accumulator, 16 rows x column slice
+  float m[2];                       // running max (log2 domain) for rows lane/4 and lane/4+8
+  float l[2];                       // this thread's share of the running sum
+};
+
+template <class Cfg, int kH>
+__device__ __forceinline__ void load_q_fragments(WarpState<Cfg>& st, uint32_t stage_base, int g, int lane) {
+  constexpr int kChunk0 = kH * (Cfg::kQkSlice / 8);
+  const int row = g * 16 + (lane & 15);
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+    const int chunk = kChunk0 + 2 * ks + (lane >> 4);
+    ldmatrix_x4(stage_base + swizzled_offset(row, chunk), st.q[ks][0], st.q[ks][1], st.q[ks][2], st.q[ks][3]);
+  }
+}
+
+// S(16 x BN) partial = Q(16 x slice kH) * K_tile(BN x slice kH)^T
+template <class Cfg, int kH>
+__device__ __forceinline__ void qk_partial(float (&s)[Cfg::kNTiles][4], const WarpState<Cfg>& st,
+                                           uint32_t tile_base, int lane) {
+  constexpr int kChunk0 = kH * (Cfg::kQkSlice / 8);
+#pragma unroll
+  for (int f = 0; f < Cfg::kNTiles; ++f) {
+    s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
+  }
+  const int key_lane = (lane & 7) + ((lane >> 4) << 3);
+  const int chunk_lane = (lane >> 3) & 1;
+#pragma unroll
+  for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+#pragma unroll
+    for (int np = 0; np < Cfg::kNTiles / 2; ++np) {
+      uint32_t b0, b1, b2, b3;
+      const int key = np * 16 + key_lane;
+      ldmatrix_x4(tile_base + swizzled_offset(key, kChunk0 + 2 * ks + chunk_lane), b0, b1, b2, b3);
+      mma_bf16_16816(s[2 * np], st.q[ks], b0, b1);
+      mma_bf16_16816(s[2 * np + 1], st.q[ks], b2, b3);
+    }
+  }
+}
+
+// O(16 x slice kH) += P(16 x BN) * V_tile(BN x slice kH), V = the K tile's first 512 columns.
+template <class Cfg, int kH>
+__device__ __forceinline__ void pv_accumulate(WarpState<Cfg>& st, const uint32_t (&pa)[Cfg::kBN / 16][4],
+                                              uint32_t tile_base, int lane) {
+  constexpr int kChunk0 = kH * (Cfg::kVSlice / 8);
+  const int key_lane = (lane & 7) + (((lane >> 3) & 1) << 3);
+  const int chunk_lane = lane >> 4;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBN / 16; ++kk) {
+#pragma unroll
+    for (int j = 0; j < Cfg::kVTiles / 2; ++j) {
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4_trans(tile_base + swizzled_offset(kk * 16 + key_lane, kChunk0 + 2 * j + chunk_lane), b0, b1,
+                        b2, b3);
+      mma_bf16_16816(st.o[2 * j], pa[kk], b0, b1);
+      mma_bf16_16816(st.o[2 * j + 1], pa[kk], b2, b3);
+    }
+  }
+}
+
+struct TileContext {
+  bool is_prefix;
+  int key_base;        // first key of the tile: prefix position, or draft index for draft tiles
+  int prefix;          // P
+  int n;               // draft tokens
+  float scale_log2;    // sm_scale * log2(e) (* k_scale for prefix tiles)
+  float p_scale;       // v_scale for prefix tiles, 1 for draft tiles
+  const uint8_t* mask; // request's FULL_MASK block start, or nullptr (causal)
+  int64_t mask_row_stride;  // P + n
+};
+
+// Everything a warp does with one key tile once it sits in shared memory.
+template <class Cfg, int kH>
+__device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_base, float* exchange, int g,
+                                             int lane, const TileContext& tc, const int (&query_of_row)[2],
+                                             const bool (&row_valid)[2]) {
+  constexpr int NT = Cfg::kNTiles;
+  float s[NT][4];
+  qk_partial<Cfg, kH>(s, st, tile_base, lane);
+
+  if constexpr (Cfg::kCS > 1) {
+    // Sum the depth slices of this row group. Every warp of the group adds the partials in the
+    // same order, so all of them hold bit-identical scores and take identical softmax decisions.
+    float* mine = exchange + ((kH * Cfg::kRG + g) * NT * 4) * 32;
+#pragma unroll
+    for (int f = 0; f < NT; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[(f * 4 + e) * 32 + lane] = s[f][e];
+    named_barrier(1 + g, 32 * Cfg::kCS);
+    float tot[NT][4];
+#pragma unroll
+    for (int f = 0; f < NT; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tot[f][e] = 0.f;
+#pragma unroll
+    for (int hh = 0; hh < Cfg::kCS; ++hh) {
+      const float* part = exchange + ((hh * Cfg::kRG + g) * NT * 4) * 32;
+#pragma unroll
+      for (int f = 0; f < NT; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tot[f][e] += (hh == kH) ? s[f][e] : part[(f * 4 + e) * 32 + lane];
+    }
+#pragma unroll
+    for (int f = 0; f < NT; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[f][e] = tot[f][e];
+  }
+
+  // Scale into the log2 domain and mask: prefix keys past P; draft keys by the tree mask.
+  const int col_lane = 2 * (lane & 3);
+#pragma unroll
+  for (int f = 0; f < NT; ++f) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int rr = e >> 1;
+      const int key = tc.key_base + f * 8 + col_lane + (e & 1);
+      bool visible;
+      if (tc.is_prefix) {
+        visible = key < tc.prefix;
+      } else if (!row_valid[rr]) {
+        visible = key == 0;  // rows past the request: keep them finite, never stored
+      } else if (key >= tc.n) {
+        visible = false;
+      } else if (tc.mask != nullptr) {
+        visible = tc.mask[query_of_row[rr] * tc.mask_row_stride + tc.prefix + key] != 0;
+      } else {
+        visible = key <= query_of_row[rr];
+      }
+      s[f][e] = visible ? s[f][e] * tc.scale_log2 : -CUDART_INF_F;
+    }
+  }
+
+  // Online softmax (fp32, exp2). A row with nothing visible so far keeps m = -inf and l = 0.
+  float alpha[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int f = 0; f < NT; ++f) mx = fmaxf(mx, fmaxf(s[f][2 * rr], s[f][2 * rr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(st.m[rr], mx);
+    const float base = m_new == -CUDART_INF_F ? 0.f : m_new;
+    alpha[rr] = exp2f(st.m[rr] - base);
+    float sum = 0.f;
+#pragma unroll
+    for (int f = 0; f < NT; ++f) {
+      s[f][2 * rr] = exp2f(s[f][2 * rr] - base);
+      s[f][2 * rr + 1] = exp2f(s[f][2 * rr + 1] - base);
+      sum += s[f][2 * rr] + s[f][2 * rr + 1];
+    }
+    st.l[rr] = st.l[rr] * alpha[rr] + sum;
+    st.m[rr] = m_new;
+  }
+#pragma unroll
+  for (int f = 0; f < Cfg::kVTiles; ++f) {
+    st.o[f][0] *= alpha[0];
+    st.o[f][1] *= alpha[0];
+    st.o[f][2] *= alpha[1];
+    st.o[f][3] *= alpha[1];
+  }
+
+  // P to bf16 A fragments: the C layout of two adjacent n8 tiles is the A layout of one k16 step.
+  uint32_t pa[Cfg::kBN / 16][4];
+  const float ps = tc.p_scale;
+#pragma unroll
+  for (int kk = 0; kk < Cfg::kBN / 16; ++kk) {
+    pa[kk][0] = pack_bf16x2(s[2 * kk][0] * ps, s[2 * kk][1] * ps);
+    pa[kk][1] = pack_bf16x2(s[2 * kk][2] * ps, s[2 * kk][3] * ps);
+    pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0] * ps, s[2 * kk + 1][1] * ps);
+    pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2] * ps, s[2 * kk + 1][3] * ps);
+  }
+  pv_accumulate<Cfg, kH>(st, pa, tile_base, lane);
+}
+
+template <class Cfg, int kH>
+__device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const KdtreeVerifyParams& p,
+                                              const RequestView& req, int b, int split, int row_tile,
+                                              int num_row_tiles, int g, int lane, bool direct) {
+  const int H = p.num_heads;
+  const int rows = req.n * H;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = st.l[rr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int row_local = g * 16 + (lane >> 2) + rr * 8;
+    const int r = row_tile * Cfg::kM + row_local;
+    if (r >= rows) continue;
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int col0 = kH * Cfg::kVSlice + 2 * (lane & 3);
+    if (direct) {
+      const int tok = r / H, head = r - (r / H) * H;
+      __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
+                           static_cast<int64_t>(head) * kVDim + col0;
+#pragma unroll
+      for (int f = 0; f < Cfg::kVTiles; ++f) {
+        *reinterpret_cast<uint32_t*>(dst + f * 8) =
+            pack_bf16x2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
+      }
+    } else {
+      const int64_t ws_row =
+          (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * Cfg::kM) + r;
+      float* ws_o = reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col0;
+#pragma unroll
+      for (int f = 0; f < Cfg::kVTiles; ++f) {
+        *reinterpret_cast<float2*>(ws_o + f * 8) = make_float2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
+      }
+      if (kH == 0 && (lane & 3) == 0) {
+        const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * Cfg::kM * kVDim;
+        reinterpret_cast<float*>(p.workspace)[lse_base + ws_row] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
+      }
+    }
+  }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(const KdtreeVerifyParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int row_tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = warp % Cfg::kRG;
+  const int h = warp / Cfg::kRG;
+
+  const RequestView req = load_request(p, b);
+  const int H = p.num_heads;
+  const int rows = req.n * H;
+  if (row_tile * Cfg::kM >= rows) return;
+  const SplitWork w = split_work(req.prefix, req.n, p.num_splits,
+                                 min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
+  const int t_begin = split * w.tiles_per_split;
+  if (t_begin >= w.key_tiles) return;
+  const int t_end = min(w.key_tiles, t_begin + w.tiles_per_split);
+
+  const uint32_t stage_base = smem_addr(smem);
+  float* exchange = reinterpret_cast<float*>(smem + Cfg::kStageBytes);
+  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(p.q);
+  const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
+  const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
+  const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
+
+  // ---- Q tile -> shared memory (zeros past the request) -> registers.
+  {
+    constexpr int kTpr = Cfg::kThreads / Cfg::kM;
+    const int row = tid / kTpr;
+    const int r = row_tile * Cfg::kM + row;
+    const bool valid = r < rows;
+    const int tok = valid ? r / H : 0;
+    const int head = valid ? r - tok * H : 0;
+    const __nv_bfloat16* src = q + (req.q0 + tok) * p.q_stride_tok + static_cast<int64_t>(head) * p.q_stride_head;
+#pragma unroll
+    for (int u = 0; u < kRowChunks / kTpr; ++u) {
+      const int c = tid % kTpr + kTpr * u;
+      cp_async_16(stage_base + swizzled_offset(row, c), src + c * 8, valid);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+  WarpState<Cfg> st;
+  if (h == 0) {
+    load_q_fragments<Cfg, 0>(st, stage_base, g, lane);
+  } else if constexpr (Cfg::kCS > 1) {
+    if (h == 1) load_q_fragments<Cfg, 1>(st, stage_base, g, lane);
+    if constexpr (Cfg::kCS > 2) {
+      if (h == 2) load_q_fragments<Cfg, 2>(st, stage_base, g, lane);
+      if (h == 3) load_q_fragments<Cfg, 3>(st, stage_base, g, lane);
+    }
+  }
+#pragma unroll
+  for (int f = 0; f < Cfg::kVTiles; ++f) st.o[f][0] = st.o[f][1] = st.o[f][2] = st.o[f][3] = 0.f;
+  st.m[0] = st.m[1] = -CUDART_INF_F;
+  st.l[0] = st.l[1] = 0.f;
+  __syncthreads();  // the staging area now becomes the K pipeline
+
+  // ---- K tiles: each thread copies chunks of one key row; its slot id is fetched a tile ahead.
+  constexpr int kTprK = Cfg::kThreads / Cfg::kBN;
+  constexpr int kChunksPerThread = (kRowChunks + kTprK - 1) / kTprK;
+  const int my_key = tid / kTprK;
+  const int my_chunk0 = tid % kTprK;
+  auto fetch_slot = [&](int tile) -> int64_t {
+    if (tile < t_end && tile < w.prefix_tiles) {
+      const int j = tile * Cfg::kBN + my_key;
+      if (j < req.prefix) return __ldg(kv_indices + req.kv0 + j);
+    }
+    return -1;
+  };
+  auto issue_tile = [&](int tile, int64_t slot) {
+    const uint32_t dst_base = stage_base + ((tile - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
+    const __nv_bfloat16* src;
+    bool valid;
+    if (tile < w.prefix_tiles) {
+      valid = slot >= 0 && slot < p.kv_num_slots;
+      src = kv + (valid ? slot : 0) * p.kv_stride_slot;
+    } else {
+      const int c = (tile - w.prefix_tiles) * Cfg::kBN + my_key;
+      valid = c < req.n;
+      src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
+    }
+#pragma unroll
+    for (int u = 0; u < kChunksPerThread; ++u) {
+      const int c = my_chunk0 + kTprK * u;
+      if (kRowChunks % kTprK == 0 || c < kRowChunks) {
+        cp_async_16(dst_base + swizzled_offset(my_key, c), src + c * 8, valid);
+      }
+    }
+  };
+
+  int next_tile = t_begin;
+  int64_t next_slot = fetch_slot(next_tile);
+#pragma unroll
+  for (int s = 0; s < Cfg::kStages - 1; ++s) {
+    if (next_tile < t_end) {
+      issue_tile(next_tile, next_slot);
+      ++next_tile;
+      next_slot = fetch_slot(next_tile);
+    }
+    cp_async_commit();
+  }
+
+  // Per-row facts the draft tiles need: which draft query a row belongs to.
+  int query_of_row[2];
+  bool row_valid[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = row_tile * Cfg::kM + g * 16 + (lane >> 2) + rr * 8;
+    row_valid[rr] = r < rows;
+    query_of_row[rr] = row_valid[rr] ? r / H : 0;
+  }
+  constexpr float kLog2e = 1.4426950408889634f;
+  TileContext tc;
+  tc.prefix = req.prefix;
+  tc.n = req.n;
+  tc.mask_row_stride = static_cast<int64_t>(req.prefix) + req.n;
+  tc.mask = nullptr;
+  if (p.custom_mask != nullptr) {
+    const int64_t m0 = __ldg(reinterpret_cast<const int64_t*>(p.mask_indptr) + b);
+    tc.mask = reinterpret_cast<const uint8_t*>(p.custom_mask) + m0;
+  }
+
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();  // tile t landed for everyone; everyone is done with tile t-1's buffer
+    if (next_tile < t_end) {
+      issue_tile(next_tile, next_slot);
+      ++next_tile;
+      next_slot = fetch_slot(next_tile);
+    }
+    cp_async_commit();
+
+    tc.is_prefix = t < w.prefix_tiles;
+    tc.key_base = tc.is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
+    tc.scale_log2 = p.sm_scale * kLog2e * (tc.is_prefix ? p.k_scale : 1.f);
+    tc.p_scale = tc.is_prefix ? p.v_scale : 1.f;
+    const uint32_t tile_base = stage_base + ((t - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
+    if (h == 0) {
+      process_tile<Cfg, 0>(st, tile_base, exchange, g, lane, tc, query_of_row, row_valid);
+    } else if constexpr (Cfg::kCS > 1) {
+      if (h == 1) process_tile<Cfg, 1>(st, tile_base, exchange, g, lane, tc, query_of_row, row_valid);
+      if constexpr (Cfg::kCS > 2) {
+        if (h == 2) process_tile<Cfg, 2>(st, tile_base, exchange, g, lane, tc, query_of_row, row_valid);
+        if (h == 3) process_tile<Cfg, 3>(st, tile_base, exchange, g, lane, tc, query_of_row, row_valid);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  const bool direct = w.active == 1;
+  const int num_row_tiles = gridDim.x;
+  if (h == 0) {
+    store_results<Cfg, 0>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
+  } else if constexpr (Cfg::kCS > 1) {
+    if (h == 1) store_results<Cfg, 1>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
+    if constexpr (Cfg::kCS > 2) {
+      if (h == 2) store_results<Cfg, 2>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
+      if (h == 3) store_results<Cfg, 3>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
+    }
+  }
+}
+
+}  // namespace kdtree
