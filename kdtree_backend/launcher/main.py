@@ -1,0 +1,401 @@
+"""`python launch_with_kdtree.py <sglang args>` (same as `python -m kdtree_backend.launcher`).
+
+Order of work, each step failing loudly with one line and a non-zero exit:
+1. our own `--kdtree-*` flags are taken out of argv (SGLang never sees them) and, with the
+   `KDTREE_*` variables, validated;
+2. mode and kernel library: `kdtree_backend.plugin.preflight_checks()` (bad KDTREE_VERIFY, missing or
+   broken library, ABI or GPU arch mismatch) -> exit 78, before anything of SGLang is imported;
+3. `--help`: our section, then SGLang's own help;
+4. SGLang argument preflight in a subprocess (`preflight.py`) -> exit 78 with one line;
+5. `python -m sglang.launch_server <the untouched argument list>` as a child, watched by
+   `readiness.Supervisor` (child liveness on every probe, /health_generate, sd_notify, signals).
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import readiness
+from .readiness import PREFIX
+
+EX_CONFIG = 78
+EX_SOFTWARE = 70
+
+ENV_CHILD_CMD = "KDTREE_LAUNCH_CHILD_CMD"  # test/advanced: replaces `python -m sglang.launch_server`
+ENV_ARG_PREFLIGHT = "KDTREE_ARG_PREFLIGHT"
+
+
+@dataclass(frozen=True)
+class Opt:
+    key: str
+    flag: str
+    env: Optional[str]
+    kind: str  # duration | int | url | bool_off
+    default: object
+    help: str
+
+
+OPTIONS: Tuple[Opt, ...] = (
+    Opt("start_timeout", "--kdtree-start-timeout", "KDTREE_START_TIMEOUT", "duration", 1800.0,
+        "deadline for the server to answer its health URL (seconds, or 90s/20min/1h; default 30min)"),
+    Opt("health_url", "--kdtree-health-url", "KDTREE_HEALTH_URL", "url", None,
+        "URL probed for readiness (default http://<--host>:<--port>/health_generate, 0.0.0.0 -> 127.0.0.1)"),
+    Opt("probe_interval", "--kdtree-probe-interval", "KDTREE_PROBE_INTERVAL", "duration", 2.0, "seconds between probes (default 2)"),
+    Opt("probe_timeout", "--kdtree-probe-timeout", "KDTREE_PROBE_TIMEOUT", "duration", 30.0,
+        "timeout of one probe; /health_generate runs a real generation (default 30)"),
+    Opt("stop_timeout", "--kdtree-stop-timeout", "KDTREE_STOP_TIMEOUT", "duration", 90.0,
+        "after forwarding SIGTERM/SIGINT, SIGKILL SGLang's process group after this long (default 90)"),
+    Opt("tail_lines", "--kdtree-tail-lines", "KDTREE_LOG_TAIL_LINES", "int", 40,
+        "lines of SGLang's output repeated when it dies (default 40)"),
+    Opt("arg_preflight", "--kdtree-no-arg-preflight", ENV_ARG_PREFLIGHT, "bool_off", True,
+        "skip the SGLang argument preflight (env: KDTREE_ARG_PREFLIGHT=0); a warning is printed"),
+    Opt("preflight_timeout", "--kdtree-preflight-timeout", "KDTREE_PREFLIGHT_TIMEOUT", "duration", 300.0,
+        "deadline of the argument preflight (default 300 s)"),
+)
+_BY_FLAG = {o.flag: o for o in OPTIONS}
+
+
+class LaunchConfigError(Exception):
+    """A launcher-level configuration error (our own flags and variables); exit 78."""
+
+    exit_code = EX_CONFIG
+
+    def __init__(self, cause: str, fix: str):
+        from kdtree_backend.errors import KdtreeConfigError
+
+        self.inner = KdtreeConfigError(cause, fix)
+        self.cause, self.fix = self.inner.cause, self.inner.fix
+        super().__init__(str(self.inner))
+
+    def __str__(self) -> str:
+        return str(self.inner)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?\s*$", re.I)
+_UNITS = {None: 1.0, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str, what: str) -> float:
+    m = _DURATION.match(str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise LaunchConfigError(f"{what}={text!r} is not a positive duration",
+                                f"set {what} to seconds (e.g. 1800) or with a unit: 90s, 20min, 1h")
+    return float(m.group(1)) * _UNITS[(m.group(2) or "").lower() or None]
+
+
+def _convert(opt: Opt, raw: str, source: str):
+    if opt.kind == "duration":
+        return parse_duration(raw, source)
+    if opt.kind == "int":
+        try:
+            v = int(raw)
+        except ValueError:
+            v = 0
+        if v <= 0:
+            raise LaunchConfigError(f"{source}={raw!r} is not a positive integer", f"set {source} to e.g. {opt.default}")
+        return v
+    if opt.kind == "url":
+        if not re.match(r"^https?://[^/\s]+", raw):
+            raise LaunchConfigError(f"{source}={raw!r} is not an http(s) URL",
+                                    f"set {source} like http://127.0.0.1:30000/health_generate")
+        return raw
+    if opt.kind == "bool_off":  # env form: 1/0
+        v = raw.strip().lower()
+        if v in ("1", "true", "yes", "on"):
+            return True
+        if v in ("0", "false", "no", "off"):
+            return False
+        raise LaunchConfigError(f"{source}={raw!r} is not 0 or 1", f"set {source}=0 to skip the preflight or unset it")
+    raise AssertionError(opt.kind)
+
+
+def split_args(argv: Sequence[str], environ: Mapping[str, str]) -> Tuple[Dict[str, object], List[str]]:
+    """Our settings (flag > env > default) and SGLang's argv with every `--kdtree-*` token removed."""
+    values: Dict[str, object] = {}
+    for opt in OPTIONS:
+        if opt.env and opt.env in environ and environ[opt.env].strip() != "":
+            values[opt.key] = _convert(opt, environ[opt.env], opt.env)
+        else:
+            values[opt.key] = opt.default
+    rest: List[str] = []
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            rest.extend(argv[i:])
+            break
+        if tok.startswith("--kdtree-"):
+            name, eq, val = tok.partition("=")
+            opt = _BY_FLAG.get(name)
+            if opt is None:
+                close = difflib.get_close_matches(name, list(_BY_FLAG), n=1, cutoff=0.5)
+                hint = f"did you mean {close[0]}?" if close else "remove it"
+                raise LaunchConfigError(f"unknown launcher flag {name} (launcher flags: {', '.join(_BY_FLAG)})",
+                                        f"{hint} (see --help)")
+            if opt.kind == "bool_off":
+                if eq:
+                    raise LaunchConfigError(f"{name} takes no value", f"write {name} alone")
+                values[opt.key] = False
+            else:
+                if not eq:
+                    if i + 1 >= len(argv):
+                        raise LaunchConfigError(f"{name} needs a value", f"write {name}=VALUE")
+                    i += 1
+                    val = argv[i]
+                values[opt.key] = _convert(opt, val, name)
+            i += 1
+            continue
+        rest.append(tok)
+        i += 1
+    return values, rest
+
+
+def wants_help(sglang_args: Sequence[str]) -> bool:
+    for tok in sglang_args:
+        if tok == "--":
+            return False
+        if tok in ("-h", "--help"):
+            return True
+    return False
+
+
+def launcher_help() -> str:
+    lines = [
+        "usage: python launch_with_kdtree.py [--kdtree-* options] <sglang arguments>",
+        "       (same as: python -m kdtree_backend.launcher ...)",
+        "",
+        "Runs `python -m sglang.launch_server <sglang arguments>` as a watched child: checks KDTREE_VERIFY and the",
+        "kernel library first, then SGLang's own argument parsing and resolution (exit 78 on a configuration",
+        "error), then waits for /health_generate while checking that SGLang is alive, tells systemd READY=1",
+        "(Type=notify) only when it serves, and exits non-zero within seconds if SGLang dies.",
+        "",
+        "environment:",
+        "  KDTREE_VERIFY            off (default) | validate | on",
+        "  KDTREE_LIB               path of libkdtree_verify.so (default: inside the package)",
+        "",
+        "launcher options (flag or environment variable; flags are removed before SGLang sees argv):",
+    ]
+    for o in OPTIONS:
+        env = f" [{o.env}]" if o.env else ""
+        lines.append(f"  {o.flag}{env}")
+        lines.append(f"      {o.help}")
+    lines += [
+        f"  {ENV_CHILD_CMD} (env, test/advanced): command run instead of `python -m sglang.launch_server`;",
+        "      the SGLang arguments are appended to it",
+        "",
+        "exit codes: 0 stopped on request; 78 configuration error (do not restart); 124 not healthy before the",
+        "deadline; 70 launcher error; otherwise SGLang's own code (128+N when killed by signal N, 1 when it",
+        "exited 0 without being asked to stop).",
+        "",
+        "SGLang's arguments (passed to sglang.launch_server unchanged):",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def say(msg: str) -> None:
+    sys.stderr.write(f"{PREFIX}: {msg}\n")
+    sys.stderr.flush()
+
+
+def say_error(err) -> None:
+    """A configuration error: its own one line ("kdtree-backend: <cause>. Fix: <fix>.")."""
+    sys.stderr.write(f"{err}\n")
+    sys.stderr.flush()
+
+
+# ------------------------------------------------------------------------------------------------
+# step 2: mode and library
+# ------------------------------------------------------------------------------------------------
+
+
+def check_mode_and_library(environ: Mapping[str, str]) -> str:
+    """The mode as a string; raises the plugin's KdtreeConfigError (one line, exit 78)."""
+    try:
+        from kdtree_backend import plugin
+    except Exception as exc:  # the package is broken: that is an installation (configuration) error
+        raise LaunchConfigError(
+            f"cannot import kdtree_backend.plugin ({type(exc).__name__}: {exc})",
+            "reinstall kdtree-backend into this Python environment (pip install -e . in its checkout)",
+        ) from exc
+    mode = plugin.preflight_checks(environ)
+    return str(getattr(mode, "value", mode)).lower()
+
+
+# ------------------------------------------------------------------------------------------------
+# step 4: argument preflight (subprocess)
+# ------------------------------------------------------------------------------------------------
+
+
+def _package_root() -> str:
+    import kdtree_backend
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(kdtree_backend.__file__)))
+
+
+def run_arg_preflight(sglang_args: Sequence[str], mode: str, environ: Mapping[str, str], timeout: float) -> dict:
+    """Run preflight.py in a subprocess; returns its outcome dict (status ok | help | error)."""
+    env = dict(environ)
+    env["KDTREE_VERIFY"] = "off"  # the launcher already checked mode and library; keep the preflight light
+    env.pop("NOTIFY_SOCKET", None)
+    root = _package_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with tempfile.TemporaryDirectory(prefix="kdtree-preflight-") as tmp:
+        result_path = os.path.join(tmp, "result.json")
+        log_path = os.path.join(tmp, "output.log")
+        cmd = [sys.executable, "-m", "kdtree_backend.launcher.preflight", "--result", result_path,
+               "--mode", mode, "--", *sglang_args]
+        with open(log_path, "wb") as log:
+            try:
+                proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                      env=env, timeout=timeout)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+        with open(log_path, "rb") as fh:
+            output = fh.read().decode("utf-8", "replace")
+        outcome = None
+        if os.path.exists(result_path):
+            try:
+                with open(result_path) as fh:
+                    outcome = json.load(fh)
+            except ValueError:
+                outcome = None
+    if outcome is None:
+        tail = output.strip().splitlines()[-30:]
+        for line in tail:
+            sys.stderr.write(f"  | {line}\n")
+        what = f"did not finish within {timeout:g} s" if rc is None else f"exited with code {rc} without a result"
+        return {
+            "status": "error",
+            "cause": f"the SGLang argument preflight {what} (its output is above)",
+            "fix": "fix the cause shown above, or set KDTREE_ARG_PREFLIGHT=0 to launch without the preflight",
+            "exit_code": EX_SOFTWARE,
+            "warnings": [],
+        }
+    outcome["output"] = output
+    return outcome
+
+
+def _light_host_port(sglang_args: Sequence[str]) -> Tuple[Optional[str], Optional[int]]:
+    host = port = None
+    it = list(sglang_args)
+    for i, tok in enumerate(it):
+        for name in ("--host", "--port"):
+            val = None
+            if tok == name and i + 1 < len(it):
+                val = it[i + 1]
+            elif tok.startswith(name + "="):
+                val = tok.split("=", 1)[1]
+            if val is not None:
+                if name == "--host":
+                    host = val
+                else:
+                    try:
+                        port = int(val)
+                    except ValueError:
+                        pass
+    return host, port
+
+
+def health_url_for(host: Optional[str], port: Optional[int]) -> str:
+    host = host or "127.0.0.1"
+    if host in ("0.0.0.0", "", "*"):
+        host = "127.0.0.1"
+    elif host in ("::", "[::]"):
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port or 30000}/health_generate"
+
+
+def child_command(sglang_args: Sequence[str], environ: Mapping[str, str]) -> List[str]:
+    custom = environ.get(ENV_CHILD_CMD, "").strip()
+    if custom:
+        return shlex.split(custom) + list(sglang_args)
+    return [sys.executable, "-m", "sglang.launch_server", *sglang_args]
+
+
+# ------------------------------------------------------------------------------------------------
+# main
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ = dict(os.environ)
+    from kdtree_backend.errors import KdtreeConfigError
+
+    # 1 + 2: our flags, then mode and library (before anything of SGLang)
+    try:
+        values, sglang_args = split_args(argv, environ)
+        mode = check_mode_and_library(environ)
+    except (KdtreeConfigError, LaunchConfigError) as err:
+        say_error(err)
+        return int(getattr(err, "exit_code", EX_CONFIG))
+    except Exception as err:
+        say(f"error: the mode/library check failed unexpectedly: {type(err).__name__}: {err}. "
+            f"Fix: report this; set KDTREE_VERIFY=off to run without the kernel")
+        return EX_SOFTWARE
+
+    # 3: help
+    if wants_help(sglang_args):
+        sys.stdout.write(launcher_help())
+        sys.stdout.flush()
+        outcome = run_arg_preflight(["--help"], mode, environ, values["preflight_timeout"])
+        if outcome.get("status") == "help":
+            sys.stdout.write(outcome.get("help_text", ""))
+            sys.stdout.flush()
+            return 0
+        say_error(KdtreeConfigError(outcome.get("cause", "?"), outcome.get("fix", "?")))
+        return int(outcome.get("exit_code") or EX_SOFTWARE)
+
+    # 4: SGLang's parser and resolution
+    host, port = _light_host_port(sglang_args)
+    if values["arg_preflight"]:
+        outcome = run_arg_preflight(sglang_args, mode, environ, values["preflight_timeout"])
+        for w in outcome.get("warnings", []):
+            say(w)
+        if outcome.get("status") != "ok":
+            if outcome.get("details"):
+                sys.stderr.write(outcome["details"])
+            say_error(KdtreeConfigError(outcome.get("cause", "?"), outcome.get("fix", "?")))
+            return int(outcome.get("exit_code") or EX_SOFTWARE)
+        host = outcome.get("host") or host
+        port = outcome.get("port") or port
+        say(f"preflight passed: KDTREE_VERIFY={mode}, SGLang arguments parsed and resolved")
+    else:
+        say("warning: SGLang argument preflight skipped (KDTREE_ARG_PREFLIGHT=0 / --kdtree-no-arg-preflight); "
+            "argument errors will only show up in SGLang's own output")
+        if mode == "validate" and not any(t == "--enable-metrics" for t in sglang_args):
+            say_error(KdtreeConfigError(
+                "KDTREE_VERIFY=validate publishes its comparison through SGLang's /metrics, which exists only with "
+                "--enable-metrics, and it is not set",
+                "add --enable-metrics to the SGLang arguments (or set KDTREE_VERIFY=off)"))
+            return EX_CONFIG
+
+    # 5: the watched child
+    cfg = readiness.WatchConfig(
+        health_url=values["health_url"] or health_url_for(host, port),
+        start_timeout=values["start_timeout"],
+        probe_interval=values["probe_interval"],
+        probe_timeout=values["probe_timeout"],
+        stop_timeout=values["stop_timeout"],
+        tail_lines=values["tail_lines"],
+        mode=mode,
+    )
+    sup = readiness.Supervisor(child_command(sglang_args, environ), cfg, env=environ, notify_env=environ)
+    return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
