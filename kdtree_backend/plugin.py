@@ -1,0 +1,262 @@
+"""SGLang entry point: `sglang.srt.plugins: kdtree = kdtree_backend.plugin:register`.
+
+SGLang calls `register()` through `load_plugins()` in EVERY process it starts (the main HTTP
+process, each spawned scheduler, the DP controller, the detokenizer), before it has parsed its
+arguments or chosen a GPU. `register()`:
+
+- KDTREE_VERIFY=off (default): installs nothing. Zero cost on the serving path.
+- validate / on: checks the sglang version, loads and checks the kernel library (symbols, ABI,
+  the archs of every visible GPU), registers `kdtree_backend.hook.forward_extend_hook` as an
+  AROUND hook on `TritonAttnBackend.forward_extend` through SGLang's own `HookRegistry`, plus a
+  guard (AROUND on `TritonAttnBackend.__init__`) that re-checks, whenever a backend is built,
+  that the forward_extend of the backend's class is still ours. It then applies the registry's
+  hooks right away (idempotent: `apply_hooks()` skips targets already patched, so the call
+  `load_plugins()` makes after us is a no-op for ours) and verifies the attribute really is our
+  wrapper.
+
+Any failure in validate/on goes through `fail_fast` (SystemExit 78): `load_plugins()` catches
+`Exception` and would otherwise leave this process serving stock Triton silently.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import sys
+from typing import Mapping, Optional
+
+import kdtree_backend
+from kdtree_backend.config import (
+    ENV_ALLOW_UNSUPPORTED_SGLANG,
+    ENV_MODE,
+    SUPPORTED_SGLANG_VERSIONS,
+    Mode,
+    allow_unsupported_sglang,
+    read_mode,
+)
+from kdtree_backend.errors import KdtreeConfigError, fail_fast
+
+logger = logging.getLogger("kdtree_backend.plugin")
+
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+ENTRY_POINT_NAME = "kdtree"
+ENTRY_POINT_VALUE = "kdtree_backend.plugin:register"
+
+BACKEND_CLASS = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
+TARGET = BACKEND_CLASS + ".forward_extend"
+GUARD_TARGET = BACKEND_CLASS + ".__init__"
+
+_OFF_FIX = f"or set {ENV_MODE}=off to serve without the kernel"
+
+# Process-global state: the mode this process armed, or None.
+_armed_mode: Optional[Mode] = None
+
+
+# --- checks shared by register() and the launcher's preflight --------------------------------
+
+def sglang_version() -> Optional[str]:
+    """The installed sglang's version from its distribution metadata (no import), or None."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_sglang_version(environ: Optional[Mapping[str, str]] = None) -> str:
+    version = sglang_version()
+    supported = ", ".join(SUPPORTED_SGLANG_VERSIONS)
+    if version is None:
+        raise KdtreeConfigError(
+            "sglang is not installed in this Python environment",
+            f"install sglang=={SUPPORTED_SGLANG_VERSIONS[-1]} (pip install 'kdtree-backend[sglang]'), {_OFF_FIX}",
+        )
+    if version not in SUPPORTED_SGLANG_VERSIONS and not allow_unsupported_sglang(environ):
+        raise KdtreeConfigError(
+            f"sglang {version} is installed but kdtree-backend supports sglang {supported} only "
+            f"(the hook depends on TritonAttnBackend.forward_extend's internals)",
+            f"install sglang=={SUPPORTED_SGLANG_VERSIONS[-1]}, or set "
+            f"{ENV_ALLOW_UNSUPPORTED_SGLANG}=1 to try this version at your own risk, {_OFF_FIX}",
+        )
+    return version
+
+
+def check_entry_point(environ: Optional[Mapping[str, str]] = None) -> None:
+    """SGLang will run this plugin in every process: it is installed, and not filtered out."""
+    env = os.environ if environ is None else environ
+    eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == ENTRY_POINT_NAME]
+    if not eps or eps[0].value.replace(" ", "") != ENTRY_POINT_VALUE:
+        raise KdtreeConfigError(
+            f"the SGLang entry point {ENTRY_POINT_GROUP}:{ENTRY_POINT_NAME} -> {ENTRY_POINT_VALUE} is not "
+            f"installed in this Python environment ({sys.executable}), so SGLang's scheduler "
+            f"processes would never load the kdtree hook",
+            f"pip install kdtree-backend (or `pip install -e .` in its checkout) into this environment, {_OFF_FIX}",
+        )
+    allowed = env.get("SGLANG_PLUGINS", "")
+    if allowed:
+        names = {x.strip() for x in allowed.split(",") if x.strip()}
+        if ENTRY_POINT_NAME not in names:
+            raise KdtreeConfigError(
+                f"SGLANG_PLUGINS={allowed!r} does not list the plugin {ENTRY_POINT_NAME!r}, so SGLang "
+                f"would not load the kdtree hook",
+                f"add {ENTRY_POINT_NAME} to SGLANG_PLUGINS (or unset it), {_OFF_FIX}",
+            )
+
+
+def preflight_checks(environ: Optional[Mapping[str, str]] = None) -> Mode:
+    """Mode, sglang version, entry point and kernel library checks; raises KdtreeConfigError.
+
+    For the launcher, before SGLang loads anything. With off, only the mode is checked.
+    """
+    from kdtree_backend import loader
+
+    mode = read_mode(environ)
+    if mode is Mode.OFF:
+        return mode
+    check_sglang_version(environ)
+    check_entry_point(environ)
+    loader.load_library(loader.library_path(environ), check_devices=True, environ=environ)
+    return mode
+
+
+# --- hook installation -------------------------------------------------------------------------
+
+def _wrapper_chain_holds(fn, predicate) -> bool:
+    """Walk `fn`, the functions in its closure and its `__wrapped__` chain for `predicate`."""
+    seen = 0
+    while fn is not None and seen < 32:
+        seen += 1
+        if predicate(fn):
+            return True
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                content = cell.cell_contents
+            except ValueError:  # empty cell
+                continue
+            if callable(content) and content is not fn and predicate(content):
+                return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
+def wraps_kdtree_hook(fn) -> bool:
+    """True when `fn` is our forward_extend hook or a HookRegistry wrapper (chain) around it.
+
+    The registry's AROUND wrapper is `functools.wraps(original)`: it carries the ORIGINAL's
+    attributes and `__wrapped__ = original`; the hook itself sits in the wrapper's closure.
+    """
+    from kdtree_backend.hook import is_kdtree_hook
+
+    return _wrapper_chain_holds(fn, lambda f: bool(is_kdtree_hook(f)))
+
+
+def wraps_init_guard(fn) -> bool:
+    return _wrapper_chain_holds(fn, lambda f: f is _backend_init_guard)
+
+
+def _backend_init_guard(original_fn, self, *args, **kwargs):
+    """AROUND hook on TritonAttnBackend.__init__: refuse to build a backend that is not ours."""
+    if _armed_mode is not None and not wraps_kdtree_hook(getattr(type(self), "forward_extend", None)):
+        fail_fast(KdtreeConfigError(
+            f"{ENV_MODE}={_armed_mode.value} but {type(self).__module__}.{type(self).__qualname__}"
+            f".forward_extend is not wrapped by the kdtree hook in process {os.getpid()} "
+            f"(something replaced it after the plugin loaded); this backend would serve stock Triton",
+            f"find the other plugin or code that patches TritonAttnBackend (see SGLang's "
+            f"'Applied N hook(s)' log lines), {_OFF_FIX}",
+        ))
+    return original_fn(self, *args, **kwargs)
+
+
+class _CaptureErrors(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.ERROR)
+        self.messages = []
+
+    def emit(self, record):
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f": {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+        self.messages.append(text)
+
+
+def _install_hooks() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from kdtree_backend.hook import forward_extend_hook
+
+    HookRegistry.register(TARGET, forward_extend_hook, HookType.AROUND)
+    HookRegistry.register(GUARD_TARGET, _backend_init_guard, HookType.AROUND)
+
+    capture = _CaptureErrors()
+    registry_logger = logging.getLogger("sglang.srt.plugins.hook_registry")
+    registry_logger.addHandler(capture)
+    try:
+        HookRegistry.apply_hooks()
+    finally:
+        registry_logger.removeHandler(capture)
+
+    import pkgutil
+
+    cls = pkgutil.resolve_name(BACKEND_CLASS)
+    if not wraps_kdtree_hook(cls.forward_extend):
+        detail = "; ".join(capture.messages) or "HookRegistry reported no error"
+        raise KdtreeConfigError(
+            f"{TARGET} is not wrapped by the kdtree hook after applying SGLang's HookRegistry ({detail})",
+            f"check that sglang {', '.join(SUPPORTED_SGLANG_VERSIONS)} is installed intact, {_OFF_FIX}",
+        )
+    if not wraps_init_guard(cls.__init__):
+        detail = "; ".join(capture.messages) or "HookRegistry reported no error"
+        raise KdtreeConfigError(
+            f"{GUARD_TARGET} did not receive the kdtree guard hook ({detail})",
+            f"check that sglang {', '.join(SUPPORTED_SGLANG_VERSIONS)} is installed intact, {_OFF_FIX}",
+        )
+
+
+def _startup_line(text: str) -> None:
+    """One start-up line per process, visible even before SGLang configures logging."""
+    if logger.hasHandlers():
+        logger.info(text)
+    else:
+        try:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+
+def register() -> None:
+    """The entry point SGLang's `load_plugins()` runs in every process. See module docstring."""
+    global _armed_mode
+    try:
+        mode = read_mode()
+    except KdtreeConfigError as err:
+        fail_fast(err)
+    if mode is Mode.OFF:
+        _startup_line(
+            f"kdtree-backend {kdtree_backend.__version__}: {ENV_MODE}=off, hook not installed (pid {os.getpid()})"
+        )
+        return
+    if _armed_mode is not None:
+        return  # already armed in this process (register() called twice)
+    try:
+        from kdtree_backend import loader
+
+        version = check_sglang_version()
+        lib = loader.get_library()
+        _armed_mode = mode
+        _install_hooks()
+    except KdtreeConfigError as err:
+        _armed_mode = None
+        fail_fast(err)
+    except Exception as err:  # anything else would be swallowed by load_plugins(): stop here
+        _armed_mode = None
+        fail_fast(err)
+    _startup_line(
+        f"kdtree-backend {kdtree_backend.__version__}: {ENV_MODE}={mode.value}, hook installed on "
+        f"{TARGET} (sglang {version}; kernel library {lib.path}, version {lib.version or '?'}, "
+        f"ABI {lib.abi_version}, {lib.archs_text()}; pid {os.getpid()})"
+    )
+
+
+def armed_mode() -> Optional[Mode]:
+    """The mode register() armed in this process, or None (off / not loaded)."""
+    return _armed_mode

@@ -1,0 +1,108 @@
+"""Shared test helpers: the `gpu` marker, fake kernel libraries, clean subprocess environments."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+# --- gpu marker ------------------------------------------------------------------------------
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_items:
+        return
+    try:
+        import torch
+
+        have_gpu = torch.cuda.is_available()
+    except Exception:  # no torch, or a broken CUDA install: no GPU tests here
+        have_gpu = False
+    if have_gpu:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+# --- subprocess environment ------------------------------------------------------------------
+
+def clean_env(**overrides: str) -> dict:
+    """os.environ without any KDTREE_*/SGLANG_PLUGINS setting, offline HF, plus `overrides`.
+
+    A value of None in overrides removes the variable.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KDTREE_") and k != "SGLANG_PLUGINS"}
+    env["HF_HUB_OFFLINE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    for k, v in overrides.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def run_python(code: str, env: dict, timeout: float = 120, args=()) -> subprocess.CompletedProcess:
+    """Run `python -c code` (this interpreter) and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# --- fake kernel libraries ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FakeLibs:
+    good: Path  # every symbol, the right ABI, built for sm_90 and sm_120
+    missing_symbol: Path  # lacks kdtree_verify_run
+    wrong_abi: Path  # reports abi.ABI_VERSION + 1
+    sm120_only: Path  # built for sm_120 only (an H200, 9.0, is not covered)
+    not_elf: Path  # a text file named like a library: dlopen fails
+    missing: Path  # does not exist
+
+
+def _gcc(src: Path, out: Path, *defines: str) -> None:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("needs a C compiler (gcc or cc) on PATH to build the fake kernel libraries")
+    cmd = [cc, "-shared", "-fPIC", "-O0", "-o", str(out), str(src), *defines]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building a fake library failed: {' '.join(cmd)}\n{proc.stderr}")
+
+
+@pytest.fixture(scope="session")
+def fake_libs(tmp_path_factory) -> FakeLibs:
+    from kdtree_backend import abi
+
+    d = tmp_path_factory.mktemp("fake_libs")
+    src = FIXTURES / "fake_kdtree_lib.c"
+    v = abi.ABI_VERSION
+    libs = FakeLibs(
+        good=d / "good" / abi.LIB_FILENAME,
+        missing_symbol=d / "missing_symbol" / abi.LIB_FILENAME,
+        wrong_abi=d / "wrong_abi" / abi.LIB_FILENAME,
+        sm120_only=d / "sm120_only" / abi.LIB_FILENAME,
+        not_elf=d / "not_elf" / abi.LIB_FILENAME,
+        missing=d / "missing" / abi.LIB_FILENAME,
+    )
+    for p in (libs.good, libs.missing_symbol, libs.wrong_abi, libs.sm120_only, libs.not_elf):
+        p.parent.mkdir()
+    _gcc(src, libs.good, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,120"')
+    _gcc(src, libs.missing_symbol, f"-DFAKE_ABI_VERSION={v}", "-DOMIT_VERIFY_RUN")
+    _gcc(src, libs.wrong_abi, f"-DFAKE_ABI_VERSION={v + 1}")
+    _gcc(src, libs.sm120_only, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="120"')
+    libs.not_elf.write_text("this is a text file, not a shared library\n")
+    return libs

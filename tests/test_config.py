@@ -1,0 +1,103 @@
+"""KDTREE_VERIFY parsing and the fail-fast error type."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import clean_env, run_python
+from kdtree_backend.config import ENV_MODE, Mode, allow_unsupported_sglang, read_mode
+from kdtree_backend.errors import (
+    KdtreeConfigError,
+    KdtreeLibraryError,
+    KdtreeModeError,
+    fail_fast,
+)
+
+BAD_VALUES = ["vaildate", "1", "true", "", "  ", "offf", "on,validate", "0", "yes", "enable"]
+
+
+def test_unset_means_off():
+    assert read_mode({}) is Mode.OFF
+
+
+@pytest.mark.parametrize(
+    "raw, mode",
+    [("off", Mode.OFF), ("OFF", Mode.OFF), (" Validate\n", Mode.VALIDATE), ("validate", Mode.VALIDATE),
+     ("on", Mode.ON), ("\tON ", Mode.ON)],
+)
+def test_valid_values(raw, mode):
+    assert read_mode({ENV_MODE: raw}) is mode
+
+
+def test_mode_is_a_str_enum():
+    assert Mode.VALIDATE == "validate" and str(Mode.ON) == "on"
+
+
+@pytest.mark.parametrize("raw", BAD_VALUES)
+def test_bad_values_raise_naming_variable_value_and_valid_values(raw):
+    with pytest.raises(KdtreeModeError) as info:
+        read_mode({ENV_MODE: raw})
+    err = info.value
+    text = str(err)
+    assert isinstance(err, KdtreeConfigError)
+    assert "KDTREE_VERIFY" in text and repr(raw) in text
+    assert "off, validate, on" in text
+    assert "\n" not in text and text.startswith("kdtree-backend: ")
+    assert err.exit_code == 78 and err.variable == ENV_MODE and err.value == raw
+
+
+def test_error_format_and_attributes():
+    err = KdtreeLibraryError("the library is gone.", "build it\n again", path="/x")
+    assert str(err) == "kdtree-backend: the library is gone. Fix: build it again."
+    assert err.cause == "the library is gone" and err.fix == "build it again" and err.path == "/x"
+    assert KdtreeConfigError.exit_code == 78
+
+
+def test_fail_fast_prints_one_line_and_escapes_except_exception(capsys):
+    err = KdtreeConfigError("something is wrong", "do the right thing")
+    with pytest.raises(SystemExit) as info:
+        try:
+            fail_fast(err)
+        except Exception:  # what SGLang's load_plugins() does around a plugin
+            pytest.fail("fail_fast was swallowed by `except Exception`")
+    assert info.value.code == 78
+    assert capsys.readouterr().err == "kdtree-backend: something is wrong. Fix: do the right thing.\n"
+
+
+def test_fail_fast_wraps_unexpected_exceptions(capsys):
+    with pytest.raises(SystemExit) as info:
+        fail_fast(RuntimeError("boom"))
+    assert info.value.code == 78
+    assert "unexpected RuntimeError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("raw, expected", [(None, False), ("", False), ("0", False), ("1", True)])
+def test_allow_unsupported_sglang(raw, expected):
+    env = {} if raw is None else {"KDTREE_ALLOW_UNSUPPORTED_SGLANG": raw}
+    assert allow_unsupported_sglang(env) is expected
+
+
+def test_allow_unsupported_sglang_rejects_other_values():
+    with pytest.raises(KdtreeModeError, match="KDTREE_ALLOW_UNSUPPORTED_SGLANG"):
+        allow_unsupported_sglang({"KDTREE_ALLOW_UNSUPPORTED_SGLANG": "yes"})
+
+
+# The entry point itself, in a fresh process, for every bad value: the process must stop with 78
+# and one line naming variable, value and valid values (no sglang import happens on this path).
+_REGISTER = "from kdtree_backend import plugin; plugin.register(); print('REGISTER RETURNED')"
+
+
+@pytest.mark.parametrize("raw", ["vaildate", "1", "true", ""])
+def test_register_with_bad_mode_exits_78(raw):
+    proc = run_python(_REGISTER, clean_env(KDTREE_VERIFY=raw))
+    assert proc.returncode == 78, proc.stderr
+    assert "REGISTER RETURNED" not in proc.stdout
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "KDTREE_VERIFY" in line and repr(raw) in line and "off, validate, on" in line
+
+
+def test_register_off_installs_nothing_and_does_not_import_sglang():
+    code = _REGISTER + "; import sys; print('sglang' in sys.modules, 'torch' in sys.modules)"
+    proc = run_python(code, clean_env(KDTREE_VERIFY=" OFF "))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["REGISTER", "RETURNED", "False", "False"]
+    assert "KDTREE_VERIFY=off" in proc.stderr

@@ -1,0 +1,97 @@
+"""`python -m kdtree_backend doctor` / `kdtree-doctor`: exit 0 only when the mode can run here."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import clean_env
+
+
+def _doctor(env, *, console_script=False):
+    if console_script:
+        exe = Path(sys.executable).parent / "kdtree-doctor"
+        assert exe.is_file(), f"console script {exe} is missing: pip install -e . into this interpreter"
+        cmd = [str(exe)]
+    else:
+        cmd = [sys.executable, "-m", "kdtree_backend", "doctor"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_off_is_ok_anywhere_even_without_a_library(fake_libs):
+    proc = _doctor(clean_env(KDTREE_LIB=str(fake_libs.missing)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "KDTREE_VERIFY=off (default: unset)" in out
+    assert "0.5.23 (supported)" in out
+    assert str(fake_libs.missing) in out and "loads: NO" in out
+    assert "not installed (KDTREE_VERIFY=off)" in out
+    assert "RESULT: OK" in out
+
+
+def test_validate_with_a_good_library_and_a_covered_gpu_is_ok(fake_libs):
+    env = clean_env(KDTREE_VERIFY="validate", KDTREE_LIB=str(fake_libs.good), KDTREE_TESTING="1",
+                    KDTREE_FAKE_GPU_CAPABILITY="9.0")
+    proc = _doctor(env, console_script=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "loads: yes; version fake-for-tests; ABI 1; built for sm_90, sm_120" in out
+    assert "compute capability 9.0 (supported by the library)" in out
+    assert "TEST MODE" in out
+    assert "would be active (validate) on sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend" in out
+    assert "entry point" in out and "(installed)" in out
+
+
+def test_on_without_a_gpu_fails(fake_libs):
+    env = clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(fake_libs.good), KDTREE_TESTING="1",
+                    KDTREE_FAKE_GPU_CAPABILITY="none")
+    proc = _doctor(env)
+    assert proc.returncode == 1
+    assert "no GPU" in proc.stdout and "RESULT: KDTREE_VERIFY=on cannot run here" in proc.stdout
+
+
+def test_on_with_an_uncovered_gpu_fails_naming_both(fake_libs):
+    env = clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(fake_libs.sm120_only), KDTREE_TESTING="1",
+                    KDTREE_FAKE_GPU_CAPABILITY="9.0")
+    proc = _doctor(env)
+    assert proc.returncode == 1
+    assert "(NOT supported by the library)" in proc.stdout
+    assert "built for sm_120" in proc.stdout and "compute capability 9.0" in proc.stdout
+
+
+def test_validate_with_a_broken_library_fails(fake_libs):
+    env = clean_env(KDTREE_VERIFY="validate", KDTREE_LIB=str(fake_libs.missing_symbol), KDTREE_TESTING="1",
+                    KDTREE_FAKE_GPU_CAPABILITY="9.0")
+    proc = _doctor(env)
+    assert proc.returncode == 1
+    assert "lacks the symbol(s) kdtree_verify_run" in proc.stdout
+    assert "NOT active" in proc.stdout
+
+
+def test_bad_mode_fails_naming_valid_values():
+    proc = _doctor(clean_env(KDTREE_VERIFY="vaildate"))
+    assert proc.returncode == 1
+    assert "KDTREE_VERIFY='vaildate'" in proc.stdout and "off, validate, on" in proc.stdout
+
+
+def test_fake_gpus_are_ignored_outside_test_mode(fake_libs):
+    env = clean_env(KDTREE_VERIFY="validate", KDTREE_LIB=str(fake_libs.good), KDTREE_FAKE_GPU_CAPABILITY="9.0")
+    proc = _doctor(env)
+    assert "is set but ignored" in proc.stdout
+    assert "TEST MODE" not in proc.stdout
+
+
+def test_doctor_imports_neither_sglang_nor_torch():
+    code = ("import sys, contextlib, io\nfrom kdtree_backend import doctor\n"
+            "with contextlib.redirect_stdout(io.StringIO()): doctor.main([])\n"
+            "print(sorted(m for m in ('sglang', 'torch') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_main_module_without_command_prints_usage():
+    proc = subprocess.run([sys.executable, "-m", "kdtree_backend"], env=clean_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "doctor" in proc.stdout
