@@ -1,0 +1,96 @@
+"""A stand-in for `python -m sglang.launch_server` in launcher and kdtree-wait tests (stdlib only).
+
+Takes SGLang-style arguments (only --host/--port are read; the rest is ignored) and behaves as
+FAKE_MODE says, after FAKE_AFTER seconds (default 1):
+  crash    raise RuntimeError (a traceback on stderr, exit 1) while "loading"
+  healthy  serve /health_generate: 503 until FAKE_AFTER, then 200; runs until signalled
+  hang     serve 503 forever (never healthy)
+  exit0    exit 0 while loading (an engine death that reports success)
+  sigkill  kill itself with SIGKILL
+FAKE_RECORD=<file>: a JSON record of argv, whether NOTIFY_SOCKET was visible, and the signal that
+stopped it (written at start and again on SIGTERM/SIGINT).
+FAKE_PIDFILE=<file>: the pid, written at start.
+FAKE_IGNORE_TERM=1: ignore SIGTERM (tests the stop timeout / SIGKILL escalation).
+"""
+import argparse
+import http.server
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+START = time.monotonic()
+MODE = os.environ.get("FAKE_MODE", "healthy")
+AFTER = float(os.environ.get("FAKE_AFTER", "1"))
+RECORD = os.environ.get("FAKE_RECORD")
+
+ap = argparse.ArgumentParser(add_help=False)
+ap.add_argument("--host", default="127.0.0.1")
+ap.add_argument("--port", type=int, default=30000)
+args, _unknown = ap.parse_known_args()
+
+state = {"argv": sys.argv[1:], "notify_socket_visible": "NOTIFY_SOCKET" in os.environ, "signal": None,
+         "pid": os.getpid(), "pythonunbuffered": os.environ.get("PYTHONUNBUFFERED")}
+
+
+def write_record():
+    if RECORD:
+        tmp = RECORD + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(state, fh)
+        os.replace(tmp, RECORD)
+
+
+def on_signal(signum, _frame):
+    state["signal"] = signal.Signals(signum).name
+    write_record()
+    print(f"fake server: got {state['signal']}, shutting down", flush=True)
+    os._exit(0)
+
+
+if os.environ.get("FAKE_PIDFILE"):
+    with open(os.environ["FAKE_PIDFILE"], "w") as fh:
+        fh.write(str(os.getpid()))
+write_record()
+signal.signal(signal.SIGINT, on_signal)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("FAKE_IGNORE_TERM") == "1" else on_signal)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ready = MODE == "healthy" and time.monotonic() - START >= AFTER
+        code = 200 if ready and self.path in ("/health_generate", "/health") else 503
+        body = b"ok" if code == 200 else b"starting"
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt, *a):
+        pass
+
+
+print(f"fake server: pid {os.getpid()} mode={MODE} after={AFTER} port={args.port}", flush=True)
+print("fake server: loading weights ...", file=sys.stderr, flush=True)
+
+if MODE in ("healthy", "hang"):
+    srv = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    while True:
+        time.sleep(0.1)
+
+time.sleep(AFTER)
+if MODE == "crash":
+    def load_weights():
+        raise RuntimeError("fake crash during load: CUDA error: out of memory (layer 17)")
+
+    load_weights()
+elif MODE == "exit0":
+    print("fake server: engine core exited cleanly (but nobody asked)", flush=True)
+    sys.exit(0)
+elif MODE == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+else:
+    sys.exit(f"unknown FAKE_MODE {MODE!r}")
