@@ -217,3 +217,30 @@ def test_missing_library_fails_in_seconds_before_sglang_is_imported(tmp_path):
     # and the real entry script, as an operator types it
     proc, elapsed = launch(tmp_path, ["--model-path", "x"], KDTREE_VERIFY="on", KDTREE_LIB="/nonexistent/libx.so")
     assert proc.returncode == 78 and "/nonexistent/libx.so" in proc.stderr and elapsed < 5
+
+
+@pytest.mark.timeout(180)
+def test_on_mode_with_a_backend_that_never_reaches_the_kernel_is_refused(tmp_path):
+    result = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kdtree_backend.launcher.preflight", "--result", str(result), "--mode", "on",
+         "--", *BASE, "--speculative-algorithm", "EAGLE"],
+        env=env_for(tmp_path), capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 78, proc.stderr
+    out = json.loads(result.read_text())
+    from kdtree_backend.errors import KdtreeConfigError
+
+    assert str(KdtreeConfigError(out["cause"], out["fix"])) == (
+        "kdtree-backend: KDTREE_VERIFY=on replaces the attention of SGLang's Triton backend, but SGLang resolved "
+        "the attention backend to torch_native (prefill) and torch_native (decode), so the kernel would never run. "
+        "Fix: add --attention-backend triton to the SGLang arguments (or set KDTREE_VERIFY=off)."
+    )
+    # and with the Triton backend and speculation the same mode passes, without warnings
+    proc = subprocess.run(
+        [sys.executable, "-m", "kdtree_backend.launcher.preflight", "--result", str(result), "--mode", "on",
+         "--", *BASE, "--attention-backend", "triton", "--speculative-algorithm", "EAGLE",
+         "--speculative-num-steps", "3", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens", "8"],
+        env=env_for(tmp_path), capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(result.read_text())
+    assert out["status"] == "ok" and out["warnings"] == [], out

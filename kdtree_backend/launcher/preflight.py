@@ -16,6 +16,8 @@ What it does, in order:
 4. Our own precondition: `KDTREE_VERIFY=validate` needs `--enable-metrics`.
 5. `ServerArgs.resolve_once()`: reads the model's config.json, runs every check; a bare
    `AssertionError` or a `ValueError` becomes one line naming the options and the fix.
+6. With validate/on: the resolved attention backend must be triton (else the kernel would never
+   run: refused); no speculative algorithm is warned about (the kernel would stay idle).
 
 The outcome is a JSON file the launcher reads (status ok / help / error, the line, warnings, the
 host and port to probe). Exit codes: 0 ok or help, 78 configuration error, 70 internal error.
@@ -338,7 +340,37 @@ def run_preflight(argv: Sequence[str], mode: str) -> Outcome:
         sa.resolve_once()
     except Exception as exc:  # AssertionError, ValueError, OSError, ...
         raise explain_exception(exc, sa) from exc
+
+    # 6. would the kernel ever run? It replaces TritonAttnBackend.forward_extend in TARGET_VERIFY.
+    if mode in ("validate", "on"):
+        check_kernel_reachable(sa, mode, out)
     return out
+
+
+def check_kernel_reachable(sa, mode: str, out: Outcome) -> None:
+    """Refuse a mode that asks for the kernel when SGLang resolved a non-Triton attention backend."""
+    try:
+        from sglang.srt.arg_groups.model_override_base import attention_backends_of, resolved_view
+
+        rv = resolved_view(sa)
+        prefill, decode = attention_backends_of(rv)
+        spec = getattr(rv, "speculative_algorithm", None)
+    except Exception as exc:  # an SGLang-internal API moved: say so, do not guess
+        out.warnings.append(f"warning: could not read SGLang's resolved attention backend ({type(exc).__name__}: "
+                            f"{one_line(exc)}); cannot confirm that KDTREE_VERIFY={mode} will reach the kernel")
+        return
+    if prefill != "triton" and decode != "triton":
+        raise PreflightError(
+            f"KDTREE_VERIFY={mode} replaces the attention of SGLang's Triton backend, but SGLang resolved the "
+            f"attention backend to {prefill} (prefill) and {decode} (decode), so the kernel would never run",
+            f"add --attention-backend triton to the SGLang arguments (or set KDTREE_VERIFY=off)",
+        )
+    if prefill != decode:
+        out.warnings.append(f"warning: attention backends differ ({prefill} prefill, {decode} decode); the kdtree "
+                            f"kernel only runs where SGLang uses triton. Fix: prefer --attention-backend triton.")
+    if not spec:
+        out.warnings.append(f"warning: KDTREE_VERIFY={mode} without --speculative-algorithm: there is no "
+                            f"TARGET_VERIFY pass, so the kdtree kernel will stay idle.")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
