@@ -50,6 +50,11 @@ _OFF_FIX = f"or set {ENV_MODE}=off to serve without the kernel"
 
 # Process-global state: the mode this process armed, or None.
 _armed_mode: Optional[Mode] = None
+# How many hooks the registry held for each of our targets when register() applied them. A
+# plugin that SGLang runs after ours and that registers on one of these targets is skipped by the
+# registry (target already patched): the guard logs that once, loudly.
+_applied_counts: dict = {}
+_late_hooks_reported = False
 
 
 # --- checks shared by register() and the launcher's preflight --------------------------------
@@ -163,7 +168,28 @@ def _backend_init_guard(original_fn, self, *args, **kwargs):
             f"find the other plugin or code that patches TritonAttnBackend (see SGLang's "
             f"'Applied N hook(s)' log lines), {_OFF_FIX}",
         ))
+    _report_late_hooks()
     return original_fn(self, *args, **kwargs)
+
+
+def _report_late_hooks() -> None:
+    global _late_hooks_reported
+    if _late_hooks_reported or not _applied_counts:
+        return
+    _late_hooks_reported = True
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        late = [t for t, n in _applied_counts.items() if len(HookRegistry._hooks.get(t, ())) > n]
+    except Exception:  # diagnostics only: never break backend construction
+        return
+    if late:
+        logger.error(
+            "kdtree-backend applied its hooks on %s before another plugin registered more hooks on "
+            "the same target(s); SGLang's HookRegistry does not apply those late hooks (the target is "
+            "already patched). The kdtree hook is active; the other plugin's hook is not.",
+            ", ".join(late),
+        )
 
 
 class _CaptureErrors(logging.Handler):
@@ -193,6 +219,8 @@ def _install_hooks() -> None:
         HookRegistry.apply_hooks()
     finally:
         registry_logger.removeHandler(capture)
+    for target in (TARGET, GUARD_TARGET):
+        _applied_counts[target] = len(HookRegistry._hooks.get(target, ()))
 
     import pkgutil
 

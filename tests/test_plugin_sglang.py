@@ -99,6 +99,15 @@ _VALIDATE = textwrap.dedent(
         armed=plugin.armed_mode().value,
         cuda_initialized=torch.cuda.is_initialized(),
     )), flush=True)
+    # A plugin that registers on forward_extend after ours is skipped by the registry: the guard
+    # lets a backend be built (ours is in place) and reports the skipped hook once.
+    from sglang.srt.plugins.hook_registry import HookType
+    HookRegistry.register(plugin.TARGET, lambda orig, *a, **kw: orig(*a, **kw), HookType.AROUND)
+    HookRegistry.apply_hooks()
+    try:
+        B(None)  # the guard passes; SGLang's own __init__ then fails (no server config, no model runner)
+    except Exception:
+        print("ORIGINAL INIT RAN", flush=True)
     # Something replaces forward_extend after the plugin loaded: building a backend must stop the
     # process (exit 78) instead of serving stock Triton.
     B.forward_extend = fe.__wrapped__
@@ -120,7 +129,9 @@ def test_load_plugins_wraps_forward_extend_and_guards_backend_construction(fake_
     assert r["cuda_initialized"] is False
     assert "KDTREE_VERIFY=validate, hook installed on " + TARGET in proc.stderr
     assert str(fake_libs.good) in proc.stderr
-    # the guard
+    # the guard: a late hook is reported, a replaced forward_extend stops the process
+    assert "ORIGINAL INIT RAN" in proc.stdout
+    assert "does not apply those late hooks" in proc.stderr
     assert proc.returncode == 78, proc.stderr[-3000:]
     assert "BACKEND BUILT" not in proc.stdout
     last = proc.stderr.strip().splitlines()[-1]
