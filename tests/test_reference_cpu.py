@@ -1,0 +1,581 @@
+"""CPU tests of the float64 reference and the batch generator (kdtree_backend/reference.py),
+including a comparison with SGLang 0.5.23's REAL Triton `extend_attention_fwd` run by Triton's
+interpreter, plus the GPU-independent parts of bench/bench_verify.py.
+
+The Triton comparison runs in ONE subprocess with TRITON_INTERPRET=1 (it must be set before
+triton/sglang are imported, and must not leak into other test modules); it prints a JSON result.
+
+Triton's interpreter does not support bfloat16 (it multiplies the raw bit patterns in tl.dot:
+triton-lang/triton#4972, #11584), so the subprocess hands the kernel float32 copies of the bf16
+inputs. The values are exactly the bf16 values, so this checks the semantics (indexing through
+kv_indices, FULL_MASK offsets, prefix columns ignored, scales, causal/None, empty rows) to float32
+precision; bf16 rounding inside the kernel is covered by the GPU tests.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kdtree_backend.reference import (
+    MLA_SM_SCALE,
+    V_HEAD_DIM,
+    ancestor_matrix,
+    attention_weights_reference,
+    make_verify_batch,
+    random_tree_parents,
+    relative_error,
+    verify_attention_reference,
+)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------
+# an independent, deliberately naive implementation (per row, per head, explicit key lists)
+# ------------------------------------------------------------------------------------------
+def _naive(batch, visible_draft):
+    """visible_draft(b, i) -> list of draft columns request b's row i may see."""
+    q, k, cache = batch.q.double(), batch.k.reshape(-1, 576).double(), batch.kv_cache.reshape(-1, 576).double()
+    H = batch.num_heads
+    out = torch.zeros(batch.num_rows, H, V_HEAD_DIM, dtype=torch.float64)
+    qo, kv = batch.qo_indptr.tolist(), batch.kv_indptr.tolist()
+    for b in range(batch.batch_size):
+        slots = batch.kv_indices[kv[b]:kv[b + 1]].tolist()
+        for i in range(qo[b + 1] - qo[b]):
+            row = qo[b] + i
+            keys = [(cache[s], batch.k_scale, batch.v_scale) for s in slots]
+            keys += [(k[qo[b] + c], 1.0, 1.0) for c in visible_draft(b, i)]
+            if not keys:
+                continue
+            for h in range(H):
+                scores = torch.stack([torch.dot(q[row, h], kk) * batch.sm_scale * ks for kk, ks, _ in keys])
+                p = torch.softmax(scores, 0)
+                out[row, h] = sum(p[j] * keys[j][0][:V_HEAD_DIM] * keys[j][2] for j in range(len(keys)))
+    return out.reshape(batch.num_rows, -1)
+
+
+def _ancestors_by_walking(parents, i):
+    seen, c = [], i
+    while c >= 0:
+        seen.append(c)
+        c = parents[c]
+    return sorted(seen)
+
+
+def test_reference_tree_equals_hand_built():
+    b = make_verify_batch((0, 7, 23), num_heads=2, draft_lens=5, mask="tree", seed=11,
+                          k_scale=0.75, v_scale=1.25, mask_dtype=torch.uint8)
+    ref = verify_attention_reference(*b.args(), **b.kwargs())
+    exp = _naive(b, lambda rb, i: _ancestors_by_walking(b.parents[rb], i))
+    assert torch.allclose(ref, exp, rtol=1e-12, atol=1e-12), (ref - exp).abs().max()
+
+
+def test_reference_none_mask_is_causal_and_equals_chain():
+    b = make_verify_batch((3, 0, 40), num_heads=3, draft_lens=4, mask="none", seed=5)
+    ref = b.reference()
+    exp = _naive(b, lambda rb, i: list(range(i + 1)))
+    assert torch.allclose(ref, exp, rtol=1e-12, atol=1e-12)
+    chain = make_verify_batch((3, 0, 40), num_heads=3, draft_lens=4, mask="chain", seed=5)
+    assert torch.equal(chain.q, b.q) and torch.equal(chain.kv_cache, b.kv_cache)
+    assert torch.allclose(chain.reference(), ref, rtol=0, atol=1e-13)
+
+
+def test_prefix_mask_columns_are_ignored():
+    b = make_verify_batch((0, 9, 31), num_heads=2, draft_lens=4, mask="tree", seed=3)
+    ref = b.reference()
+    mask = b.custom_mask.clone()
+    mi, kv = b.mask_indptr.tolist(), b.kv_indptr.tolist()
+    for fill in (0, 1):
+        for r in range(b.batch_size):
+            P, n = kv[r + 1] - kv[r], b.draft_lens[r]
+            blk = mask[mi[r]:mi[r] + n * (P + n)].view(n, P + n)
+            blk[:, :P] = fill
+        b2 = dataclasses.replace(b, custom_mask=mask)
+        assert torch.equal(b2.reference(), ref)
+    # ... but the draft columns are read: clearing one non-diagonal ancestor bit changes a row.
+    r = 2
+    P, n = b.prefix_lens[r], b.draft_lens[r]
+    blk = mask[mi[r]:mi[r] + n * (P + n)].view(n, P + n)
+    assert blk[n - 1, P] != 0  # the root is an ancestor of every row
+    blk[n - 1, P] = 0
+    changed = dataclasses.replace(b, custom_mask=mask).reference()
+    row = b.qo_indptr[r].item() + n - 1
+    assert not torch.allclose(changed[row], ref[row])
+    assert torch.equal(changed[:row], ref[:row])
+
+
+def test_mask_dtypes_and_index_dtypes_and_layouts_agree():
+    kw = dict(prefix_lens=(5, 0, 66), num_heads=2, draft_lens=3, mask="tree", seed=21)
+    base = make_verify_batch(**kw, mask_dtype=torch.uint8)
+    ref = base.reference()
+    assert base.custom_mask.dtype == torch.uint8
+    nonzero = base.custom_mask[base.custom_mask != 0]
+    assert nonzero.numel() and int(nonzero.max()) > 1  # "non-zero means allowed", not just 1
+    as_bool = dataclasses.replace(base, custom_mask=base.custom_mask != 0)
+    assert torch.equal(as_bool.reference(), ref)
+    b64 = dataclasses.replace(base, qo_indptr=base.qo_indptr.long(), kv_indptr=base.kv_indptr.long())
+    assert torch.equal(b64.reference(), ref)
+    flat = make_verify_batch(**kw, mask_dtype=torch.uint8, k_3d=False, cache_3d=False)
+    assert flat.k.dim() == 2 and flat.kv_cache.dim() == 2
+    assert torch.equal(flat.reference(), ref)
+    gen_bool = make_verify_batch(**kw, mask_dtype=torch.bool)
+    assert gen_bool.custom_mask.dtype == torch.bool
+    assert torch.equal(gen_bool.reference(), ref)
+
+
+def test_scales():
+    """k_scale multiplies prefix scores only, v_scale prefix values only: a cache stored as
+    2*K read with k_scale = v_scale = 0.5 is the same function (powers of two are exact)."""
+    b = make_verify_batch((4, 37), num_heads=2, draft_lens=3, seed=8)
+    ref = b.reference()
+    b2 = dataclasses.replace(b, kv_cache=b.kv_cache * 2, k_scale=0.5, v_scale=0.5)
+    assert torch.allclose(b2.reference(), ref, rtol=1e-12, atol=1e-12)
+    # and they matter: the same cache with v_scale = 2 changes the output
+    b3 = dataclasses.replace(b, v_scale=2.0)
+    assert relative_error(b3.reference(), ref) > 0.1
+
+
+def test_shapes_dtypes_uncovered_rows_and_padding():
+    b = make_verify_batch((0, 13), num_heads=4, draft_lens=[1, 5], num_padded=2, extra_rows=3,
+                          qo_indptr_dtype=torch.int64, seed=2)
+    T = b.num_rows
+    assert T == 1 + 5 + 2 * 5 + 3
+    assert b.q.shape == (T, 4, 576) and b.q.dtype == torch.bfloat16
+    assert b.k.shape == (T, 1, 576) and b.v.shape == (T, 1, 512) and b.v.is_contiguous()
+    assert torch.equal(b.v, b.k[..., :512])
+    assert b.qo_indptr.dtype == torch.int64 and b.kv_indptr.dtype == torch.int32
+    assert b.mask_indptr.dtype == torch.int64 and b.kv_indices.dtype == torch.int64
+    assert b.max_qo_len == 5
+    ref = b.reference()
+    assert ref.shape == (T, 4 * 512) and ref.dtype == torch.float64 and ref.device == b.q.device
+    cov = b.covered_rows()
+    assert int(cov.sum()) == T - 3 and bool((ref[~cov] == 0).all())
+    assert bool(torch.isfinite(ref).all())
+    assert int(b.real_rows().sum()) == 6 and int(b.padded_rows().sum()) == 10
+    # SGLang's CUDA-graph padding: prefix 1 at slot 0, n = D draft rows
+    assert b.prefix_lens[-2:] == [1, 1] and b.padded == [False, False, True, True]
+    kv = b.kv_indptr.tolist()
+    assert b.kv_indices[kv[2]:kv[4]].tolist() == [0, 0]
+    with pytest.raises(ValueError, match="max_qo_len"):
+        verify_attention_reference(*b.args(), **{**b.kwargs(), "max_qo_len": 4})
+
+
+def test_generator_layout():
+    b = make_verify_batch((0, 17, 64, 100), num_heads=1, draft_lens=6, mask="tree", seed=4,
+                          extra_indices=37, extra_mask_bytes=29)
+    P, n = b.prefix_lens, b.draft_lens
+    real = b.kv_indices[: sum(P)]
+    assert real.unique().numel() == real.numel()  # unique slots
+    assert int(real.min()) >= 1 and int(real.max()) < b.kv_cache.shape[0]  # slot 0 reserved
+    assert b.kv_cache.shape[0] > sum(P)  # pool larger than needed
+    assert not bool((real[1:] - real[:-1] == 1).all())  # scattered, not contiguous
+    assert b.kv_indices.numel() == sum(P) + 37  # over-allocated like SGLang's
+    assert b.mask_indptr.tolist() == [0] + list(torch.cumsum(torch.tensor([6 * (p + 6) for p in P]), 0).tolist())
+    assert b.custom_mask.numel() == b.mask_indptr[-1].item() + 29
+    mi = b.mask_indptr.tolist()
+    saw_zero_prefix_bit = False
+    for r in range(4):
+        blk = b.custom_mask[mi[r]:mi[r + 1]].view(n[r], P[r] + n[r]) != 0
+        draft = blk[:, P[r]:]
+        assert torch.equal(draft, ancestor_matrix(b.parents[r]))
+        assert bool(draft[:, 0].all()) and bool(draft.diagonal().all())
+        assert torch.equal(draft, draft.tril())  # parents precede children
+        saw_zero_prefix_bit |= bool((~blk[:, :P[r]]).any())
+    assert saw_zero_prefix_bit  # the never-read prefix columns hold garbage, not all-ones
+    for t in (b.q, b.k, b.kv_cache):
+        assert bool((t != 0).float().mean() > 0.99)  # never zeros
+    # deterministic for a seed; different seeds differ
+    again = make_verify_batch((0, 17, 64, 100), num_heads=1, draft_lens=6, mask="tree", seed=4,
+                              extra_indices=37, extra_mask_bytes=29)
+    assert torch.equal(again.q, b.q) and torch.equal(again.custom_mask, b.custom_mask)
+    assert torch.equal(again.kv_indices, b.kv_indices)
+    other = make_verify_batch((0, 17, 64, 100), num_heads=1, draft_lens=6, seed=5)
+    assert not torch.equal(other.q, b.q)
+
+
+def test_random_trees_are_varied():
+    import random
+    rng = random.Random(0)
+    shapes = {tuple(random_tree_parents(6, rng)) for _ in range(50)}
+    assert len(shapes) > 20
+    for par in shapes:
+        assert par[0] == -1 and all(0 <= p < c for c, p in enumerate(par) if c)
+
+
+def test_attention_is_spread_not_one_hot():
+    b = make_verify_batch((300, 1000), num_heads=4, draft_lens=8, mask="tree", seed=1)
+    for r in range(2):
+        w = attention_weights_reference(b, r)
+        peak = w.max(dim=-1).values
+        assert float(peak.mean()) < 0.2, float(peak.mean())  # not one-hot
+        ent = -(w.clamp_min(1e-300).log() * w).sum(-1)
+        assert float(ent.mean()) > 2.0  # many keys carry weight
+        uniform = math.log(w.shape[-1])
+        assert float(ent.mean()) < uniform - 0.05  # but not uniform either
+
+
+def test_row_that_sees_nothing_is_zero():
+    b = make_verify_batch((0, 4), num_heads=2, draft_lens=3, mask="tree", seed=9)
+    mask = b.custom_mask.clone()
+    n = 3
+    mask[0:n] = 0  # request 0 (prefix 0), row 0 sees nothing
+    b2 = dataclasses.replace(b, custom_mask=mask)
+    out = b2.reference()
+    assert bool((out[0] == 0).all()) and bool(torch.isfinite(out).all())
+    assert bool((out[1] != 0).any())
+
+
+def test_relative_error_helper():
+    a = torch.randn(4, 8, dtype=torch.float64)
+    assert relative_error(a, a) == 0.0
+    bad = a.clone()
+    bad[1, 2] = float("nan")
+    assert relative_error(bad, a) == float("inf")
+    rows = torch.tensor([True, False, True, True])
+    assert relative_error(bad, a, rows) == 0.0
+    assert abs(relative_error(a * 1.01, a) - 0.01) < 1e-12
+
+
+def test_default_scale_is_layer_scaling_not_latent_width():
+    b = make_verify_batch((2,), num_heads=1, draft_lens=1)
+    assert b.sm_scale == MLA_SM_SCALE == 192 ** -0.5
+
+
+# ------------------------------------------------------------------------------------------
+# the real Triton kernel, interpreted, in one subprocess
+# ------------------------------------------------------------------------------------------
+TRITON_CASES = {
+    # name: (make_verify_batch kwargs, post-processing)
+    "tree_u8_ragged_prefix_h2": (dict(prefix_lens=(0, 5, 37), num_heads=2, draft_lens=4, mask="tree"), None),
+    "tree_bool_i64_scales_h1": (dict(prefix_lens=(70, 1), num_heads=1, draft_lens=5, mask="tree",
+                                     mask_dtype="bool", qo_indptr_dtype="int64", k_scale=0.7, v_scale=1.3), None),
+    "chain_u8_h3": (dict(prefix_lens=(33, 64), num_heads=3, draft_lens=3, mask="chain"), None),
+    "none_causal_h4": (dict(prefix_lens=(0, 31, 65), num_heads=4, draft_lens=2, mask="none"), None),
+    "none_causal_no_mask_indptr_n1": (dict(prefix_lens=(10, 0), num_heads=4, draft_lens=1, mask="none"), "no_mask_indptr"),
+    "random_bits_bool_h2": (dict(prefix_lens=(3, 40), num_heads=2, draft_lens=5, mask="random", mask_dtype="bool"), None),
+    "random_bits_u8_empty_row": (dict(prefix_lens=(0, 6), num_heads=2, draft_lens=4, mask="random"), "empty_row"),
+    "ragged_draft_tree_i64": (dict(prefix_lens=(4, 0, 50), num_heads=2, draft_lens=(1, 3, 5), mask="tree",
+                                   qo_indptr_dtype="int64", kv_indptr_dtype="int64"), None),
+    "padded_tree_extra_rows_flat": (dict(prefix_lens=(9, 20), num_heads=3, draft_lens=3, mask="tree", num_padded=2,
+                                         extra_rows=3, k_3d=False, cache_3d=False, k_scale=1.5, v_scale=0.8), None),
+    "prefix_zero_tree_u8_h4_n5": (dict(prefix_lens=(0, 0), num_heads=4, draft_lens=5, mask="tree"), None),
+}
+
+_SUBPROCESS = r"""
+import dataclasses, json, sys, time
+import torch
+from kdtree_backend.reference import make_verify_batch, relative_error
+from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: F401 (interpreted)
+cases = json.loads(sys.argv[1])
+DT = {"bool": torch.bool, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
+res = {}
+for i, (name, (kw, post)) in enumerate(sorted(cases.items())):
+    kw = {k: (DT[v] if isinstance(v, str) and v in DT else v) for k, v in kw.items()}
+    for key in ("prefix_lens", "draft_lens"):
+        if isinstance(kw.get(key), list):
+            kw[key] = tuple(kw[key])
+    b = make_verify_batch(seed=100 + i, **kw)
+    if post == "empty_row":  # request 0 has prefix 0: clear draft row 1 -> it sees nothing
+        m = b.custom_mask.clone(); n = b.draft_lens[0]; m[n:2 * n] = 0
+        b = dataclasses.replace(b, custom_mask=m)
+    if post == "no_mask_indptr":  # the op accepts None with no mask; so must Triton and the reference
+        b = dataclasses.replace(b, mask_indptr=None)
+    ref = b.reference()
+    # The interpreter cannot compute in bf16: exact float32 copies of the bf16 values.
+    f = dataclasses.replace(b, q=b.q.float(), k=b.k.float(), v=b.v.float(), kv_cache=b.kv_cache.float())
+    out = torch.full((b.num_rows, b.num_heads * 512), float("nan"), dtype=torch.float32)
+    t = time.time()
+    f.call_sglang_triton(out)
+    cov, real = b.covered_rows(), b.real_rows()
+    zero_rows = [int(r) for r in torch.nonzero((ref == 0).all(1) & cov).flatten()]
+    res[name] = dict(
+        rel_covered=relative_error(out, ref, cov), rel_real=relative_error(out, ref, real),
+        max_abs=float((out[cov].double() - ref[cov]).abs().max()),
+        uncovered_untouched=bool(torch.isnan(out[~cov]).all()) if bool((~cov).any()) else True,
+        zero_rows=zero_rows, zero_rows_out_zero=bool((out[zero_rows] == 0).all()) if zero_rows else True,
+        seconds=time.time() - t, describe=b.describe())
+print("KDTREE_JSON:" + json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def triton_results():
+    env = dict(os.environ)
+    env["TRITON_INTERPRET"] = "1"
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    proc = subprocess.run([sys.executable, "-c", _SUBPROCESS, json.dumps(TRITON_CASES)], env=env, cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("KDTREE_JSON:")]
+    if proc.returncode != 0 or not lines:
+        pytest.fail(f"interpreted Triton subprocess failed (rc {proc.returncode}):\n"
+                    f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return json.loads(lines[-1][len("KDTREE_JSON:"):])
+
+
+@pytest.mark.parametrize("name", sorted(TRITON_CASES))
+def test_reference_matches_sglang_triton_interpreted(triton_results, name):
+    r = triton_results[name]
+    # float32 arithmetic on exact bf16 values: agreement to ~1e-7 relative.
+    assert r["rel_covered"] < 2e-6, r
+    assert r["uncovered_untouched"], r
+    assert r["zero_rows_out_zero"], r
+    if name == "random_bits_u8_empty_row":
+        assert r["zero_rows"], r  # the empty row really was exercised
+
+
+def test_triton_interpret_did_not_leak():
+    assert "TRITON_INTERPRET" not in os.environ
+
+
+# ------------------------------------------------------------------------------------------
+# bench/bench_verify.py: the parts that need no GPU
+# ------------------------------------------------------------------------------------------
+def _load_bench(name):
+    path = ROOT / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_kdtree_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_grid_and_args():
+    bv = _load_bench("bench_verify")
+    full = bv.build_grid(quick=False)
+    assert len(full) == 45 and len(set(full)) == 45
+    assert {(s.H, s.n) for s in full} == {(8, 16), (8, 64), (16, 16), (16, 64), (8, 8)}
+    assert {s.L for s in full} == {1024, 8192, 32768} and {s.B for s in full} == {1, 8, 32}
+    quick = bv.build_grid(quick=True)
+    assert 3 <= len(quick) <= 8 and set(quick) <= set(full)
+    a = bv.parse_args(["--quick", "--skip-triton", "--out", "/tmp/x.json"])
+    assert a.quick and a.skip_triton and a.out == "/tmp/x.json" and a.only is None
+    a = bv.parse_args(["--only", "ours"])
+    assert a.only == "ours"
+    assert bv.selected_impls(a) == ["ours"]
+    assert bv.selected_impls(bv.parse_args([])) == ["ours", "triton", "verify_mla", "flashmla"]
+    assert "triton" not in bv.selected_impls(bv.parse_args(["--skip-triton"]))
+
+
+def test_bench_roofline_arithmetic():
+    bv = _load_bench("bench_verify")
+    s = bv.Shape(B=8, H=16, n=64, L=8192)
+    byts = 8 * (8192 + 64) * 576 * 2 + 8 * 64 * 16 * 576 * 2 + 8 * 64 * 16 * 512 * 2
+    flops = 2 * 8 * 64 * 16 * (8192 + 64) * (576 + 512)
+    assert bv.shape_bytes(s) == byts and bv.shape_flops(s) == flops
+    ceil = {"copy_tbps": 4.25, "matmul_tflops": 716.0}
+    roof_us = max(byts / 4.25e12, flops / 716e12) * 1e6
+    assert abs(bv.roofline_us(s, ceil) - roof_us) < 1e-9
+    # perf-anchors.md: B=8 H=16 n=64 L=8192 roofline 205.5 us
+    assert abs(roof_us - 205.5) < 0.5
+    m = bv.metrics(s, 250.0, ceil)
+    assert abs(m["tbps"] - byts / 250e-6 / 1e12) < 1e-9
+    assert abs(m["tflops"] - flops / 250e-6 / 1e12) < 1e-9
+    assert abs(m["pct_roofline"] - 100 * roof_us / 250.0) < 1e-9
+    assert abs(m["pct_copy"] - 100 * m["tbps"] / 4.25) < 1e-9
+    assert abs(m["pct_matmul"] - 100 * m["tflops"] / 716.0) < 1e-9
+
+
+def _fake_rows(bv, with_flashmla=True):
+    rows = []
+    for i, s in enumerate(bv.build_grid(quick=False)):
+        ours = 10.0 + i
+        row = {"shape": s._asdict(), "label": bv.shape_label(s), "times_us": {"ours": ours, "triton": ours * 12.0}}
+        if with_flashmla:
+            row["times_us"]["flashmla"] = ours / 1.25
+        rows.append(row)
+    return rows
+
+
+def test_bench_summary_and_json(tmp_path):
+    bv = _load_bench("bench_verify")
+    ceil = {"copy_tbps": 4.25, "matmul_tflops": 716.0}
+    rows = [bv.finish_row(r, ceil) for r in _fake_rows(bv)]
+    summ = bv.summarize(rows, ceil)
+    assert abs(summ["geomean_speedup_vs_triton"] - 12.0) < 1e-9
+    assert abs(summ["min_speedup_vs_triton"] - 12.0) < 1e-9
+    assert abs(summ["geomean_ratio_vs_flashmla"] - 1.25) < 1e-9
+    assert summ["shapes"] == 45
+    assert set(summ["done_when"]) >= {"speedup_geomean_ge_10", "speedup_min_ge_3", "flashmla_ratio_le_1_6",
+                                      "large_shapes_matmul_pct_ge_55", "n8_h8_copy_pct_ge_60"}
+    assert summ["done_when"]["speedup_geomean_ge_10"] is True
+    big = [r for r in rows if r["shape"]["B"] * r["shape"]["L"] >= 256 * 1024 and r["shape"]["n"] != 8]
+    assert summ["large_shapes"] == len(big) == 12  # main grid only; the n=8 shapes are judged on copy %
+    assert len(summ["n8_h8_pct_copy"]) == 9
+    doc = bv.make_document(rows, ceil, summ, argv=["bench/bench_verify.py", "--quick"], env={"gpu": "fake"})
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps(doc))
+    back = json.loads(out.read_text())
+    for key in ("date", "commit", "gpu", "torch", "triton", "command", "ceilings", "rows", "summary"):
+        assert key in back, key
+    assert back["command"].endswith("--quick")
+    r0 = back["rows"][0]
+    for key in ("shape", "times_us", "speedup_vs_triton", "ratio_vs_flashmla", "roofline_us", "metrics"):
+        assert key in r0, key
+    assert bv.default_out_path("2026-11-30", "NVIDIA H200", "abc1234").endswith(
+        "bench/results/2026-11-30-NVIDIA-H200-abc1234.json")
+    table = bv.format_table(rows)
+    assert "speedup" in table and len(table.splitlines()) >= 46
+
+
+def test_bench_plot_from_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    bv = _load_bench("bench_verify")
+    plot = _load_bench("plot")
+    ceil = {"copy_tbps": 4.25, "matmul_tflops": 716.0}
+    rows = [bv.finish_row(r, ceil) for r in _fake_rows(bv)]
+    rows[3]["times_us"].pop("flashmla")  # a missing competitor must not break the plot
+    rows[3] = bv.finish_row(rows[3], ceil)
+    doc = bv.make_document(rows, ceil, bv.summarize(rows, ceil), argv=["x"], env={"gpu": "fake"})
+    j = tmp_path / "r.json"
+    j.write_text(json.dumps(doc))
+    png = plot.plot(str(j), str(tmp_path / "r.png"))
+    assert pathlib.Path(png).stat().st_size > 10_000
+    if os.environ.get("KDTREE_KEEP_PLOT"):
+        import shutil
+        shutil.copy(png, os.environ["KDTREE_KEEP_PLOT"])
+
+
+def test_bench_flashmla_inputs_hold_the_same_rows():
+    """FlashMLA's paged cache built by the benchmark holds, for every request, its prefix rows
+    then its draft rows, so FlashMLA's causal rule is the chain mask on the same data."""
+    bv = _load_bench("bench_verify")
+    s = bv.Shape(B=3, H=2, n=5, L=70)
+    b = make_verify_batch([s.L] * s.B, num_heads=s.H, draft_lens=s.n, mask="none", seed=3)
+    gen = torch.Generator().manual_seed(0)
+    cache, bt, sl = bv.flashmla_inputs(torch, b, s, gen)
+    assert cache.shape[1:] == (64, 1, 576) and cache.dtype == torch.bfloat16
+    assert bt.dtype == torch.int32 and bt.shape == (3, 2) and sl.tolist() == [75, 75, 75]
+    assert bt.unique().numel() == bt.numel()
+    flat = cache.view(-1, 576)
+    kv = b.kv_indptr.tolist()
+    for r in range(s.B):
+        toks = torch.arange(s.L + s.n)
+        rows = flat[bt[r, toks // 64].long() * 64 + toks % 64]
+        expect = torch.cat([b.kv_cache.view(-1, 576)[b.kv_indices[kv[r]:kv[r + 1]]], b.k.view(-1, 576)[r * s.n:(r + 1) * s.n]])
+        assert torch.equal(rows, expect)
+    # causal over [prefix | drafts] with query i at position L+i == the chain reference
+    q = b.q.double()
+    ref = b.reference()
+    for r in range(s.B):
+        toks = torch.arange(s.L + s.n)
+        kvr = flat[bt[r, toks // 64].long() * 64 + toks % 64].double()
+        sc = torch.einsum("nhd,td->nht", q[r * s.n:(r + 1) * s.n], kvr) * b.sm_scale
+        allowed = toks[None, :] <= (s.L + torch.arange(s.n))[:, None]
+        p = torch.softmax(sc.masked_fill(~allowed[:, None, :], float("-inf")), -1)
+        o = torch.einsum("nht,td->nhd", p, kvr[:, :512]).reshape(s.n, -1)
+        assert torch.allclose(o, ref[r * s.n:(r + 1) * s.n], rtol=1e-10, atol=1e-12)
+
+
+def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys):
+    """Runs bench_verify.main end to end on the CPU: fake CUDA timers/graphs and fake kernels
+    (float64 reference semantics) stand in for the GPU, to prove the plumbing: K rotated input
+    sets, the four competitors' calls and argument layouts, the per-shape float64 checks (tree
+    for ours/Triton, chain for verify_mla/FlashMLA), JSON and table."""
+    import contextlib
+    import time as _time
+    import types
+
+    from kdtree_backend.reference import VerifyBatch
+
+    bv = _load_bench("bench_verify")
+    monkeypatch.setattr(bv, "DEVICE", "cpu")
+
+    class Ev:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self, stream=None):
+            self.t = _time.perf_counter()
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3 + 1e-3
+
+    class St:
+        cuda_stream = 0
+
+        def wait_stream(self, other):
+            pass
+
+    class G:
+        def replay(self):
+            pass
+
+    @contextlib.contextmanager
+    def _ctx(*a, **k):
+        yield
+
+    props = types.SimpleNamespace(name="Fake GPU", multi_processor_count=132, L2_cache_size=60 << 20, major=9, minor=0)
+    for name, val in dict(Event=Ev, Stream=St, CUDAGraph=G, graph=_ctx, stream=_ctx, synchronize=lambda *a: None,
+                          empty_cache=lambda: None, is_available=lambda: True,
+                          get_device_properties=lambda i=0: props, current_stream=lambda *a: St()).items():
+        monkeypatch.setattr(torch.cuda, name, val)
+    monkeypatch.setattr(bv, "measure_ceilings", lambda torch: {"copy_tbps": 4.25, "matmul_tflops": 716.0})
+    monkeypatch.setattr(bv, "build_grid", lambda quick=False: [bv.Shape(2, 2, 3, 40), bv.Shape(1, 3, 8, 64)])
+    calls = {"ours": 0, "triton": 0, "verify_mla": 0, "flashmla": 0}
+
+    def fake_op(q, k, kv_cache, qo, kvp, kvi, mask, mi, sm, *, max_qo_len, k_scale=1.0, v_scale=1.0, out=None):
+        calls["ours"] += 1
+        assert mask is not None and mask.dtype == torch.uint8 and qo.dtype == torch.int64
+        r = verify_attention_reference(q, k, kv_cache, qo, kvp, kvi, mask, mi, sm, k_scale=k_scale, v_scale=v_scale,
+                                       max_qo_len=max_qo_len)
+        out.copy_(r.to(out.dtype))
+        return out
+
+    def fake_triton(self, out=None):
+        calls["triton"] += 1
+        out.copy_(self.reference().to(out.dtype))
+        return out
+
+    def fake_vmla(q, k, v, o, kb, vb, qo, kvp, kvi, mask, causal, mi, max_len, ks, vs, sm, **kw):
+        calls["verify_mla"] += 1
+        assert mask is None and causal is True and kb.dim() == 3 and vb.shape[-1] == 512 and kw["max_bs"] >= 1
+        r = verify_attention_reference(q, k, kb, qo, kvp, kvi, None, None, sm)
+        o.view(q.shape[0], -1).copy_(r.to(o.dtype))
+        return True
+
+    def fake_flash(q4, cache, bt, sl, dv, meta, softmax_scale=None, causal=False, use_legacy=False):
+        calls["flashmla"] += 1
+        assert causal and use_legacy and dv == 512 and cache.shape[1:] == (64, 1, 576)
+        B, n, H, _ = q4.shape
+        flat = cache.view(-1, 576).double()
+        o = torch.empty(B, n, H, 512, dtype=torch.bfloat16)
+        for r in range(B):
+            S = int(sl[r])
+            toks = torch.arange(S)
+            kvr = flat[bt[r, toks // 64].long() * 64 + toks % 64]
+            sc = torch.einsum("nhd,td->nht", q4[r].double(), kvr) * softmax_scale
+            allowed = toks[None, :] <= (S - n + torch.arange(n))[:, None]
+            p = torch.softmax(sc.masked_fill(~allowed[:, None, :], float("-inf")), -1)
+            o[r] = torch.einsum("nht,td->nhd", p, kvr[:, :512]).to(torch.bfloat16)
+        return o, None
+
+    flash = types.SimpleNamespace(get_mla_metadata=lambda *a, **k: (types.SimpleNamespace(), None),
+                                  flash_mla_with_kvcache=fake_flash)
+    mods = {"ours": fake_op, "triton_ok": True, "verify_mla": fake_vmla, "flashmla": flash}
+    monkeypatch.setattr(bv, "_load_impls", lambda impls: mods)
+    monkeypatch.setattr(VerifyBatch, "call_sglang_triton", fake_triton)
+    out = tmp_path / "res.json"
+    rc = bv.main(["--out", str(out), "--no-plot", "--max-sets", "3", "--commit", "test123", "--min-replays", "3"])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["commit"] == "test123" and doc["gpu"] == "Fake GPU" and len(doc["rows"]) == 2
+    assert doc["impls"] == ["ours", "triton", "verify_mla", "flashmla"]
+    for row in doc["rows"]:
+        assert row["errors"] == {}, row["errors"]
+        assert set(row["times_us"]) == {"ours", "triton", "verify_mla", "flashmla"}
+        assert row["input_sets"] == 3
+        for impl in ("ours", "triton", "verify_mla", "flashmla"):
+            assert row["check"][impl] < 1e-2, (impl, row["check"])
+        assert row["speedup_vs_triton"] and row["ratio_vs_flashmla"]
+    assert all(v > 0 for v in calls.values()), calls
+    text = capsys.readouterr().out
+    assert "speedup vs Triton" in text and "JSON:" in text
