@@ -475,7 +475,8 @@ def test_bench_flashmla_inputs_hold_the_same_rows():
         assert torch.allclose(o, ref[r * s.n:(r + 1) * s.n], rtol=1e-10, atol=1e-12)
 
 
-def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("vmla_fails", [False, True], ids=["all-ok", "verify_mla-raises"])
+def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys, vmla_fails):
     """Runs bench_verify.main end to end on the CPU: fake CUDA timers/graphs and fake kernels
     (float64 reference semantics) stand in for the GPU, to prove the plumbing: K rotated input
     sets, the four competitors' calls and argument layouts, the per-shape float64 checks (tree
@@ -519,7 +520,8 @@ def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys):
                           get_device_properties=lambda i=0: props, current_stream=lambda *a: St()).items():
         monkeypatch.setattr(torch.cuda, name, val)
     monkeypatch.setattr(bv, "measure_ceilings", lambda torch: {"copy_tbps": 4.25, "matmul_tflops": 716.0})
-    monkeypatch.setattr(bv, "build_grid", lambda quick=False: [bv.Shape(2, 2, 3, 40), bv.Shape(1, 3, 8, 64)])
+    grid = [bv.Shape(2, 2, 3, 40), bv.Shape(1, 3, 8, 64)] + ([bv.Shape(1, 2, 3, 17)] if vmla_fails else [])
+    monkeypatch.setattr(bv, "build_grid", lambda quick=False: grid)
     calls = {"ours": 0, "triton": 0, "verify_mla": 0, "flashmla": 0}
 
     def fake_op(q, k, kv_cache, qo, kvp, kvi, mask, mi, sm, *, max_qo_len, k_scale=1.0, v_scale=1.0, out=None):
@@ -537,6 +539,8 @@ def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys):
 
     def fake_vmla(q, k, v, o, kb, vb, qo, kvp, kvi, mask, causal, mi, max_len, ks, vs, sm, **kw):
         calls["verify_mla"] += 1
+        if vmla_fails:
+            raise RuntimeError("out of resources: shared memory")
         assert mask is None and causal is True and kb.dim() == 3 and vb.shape[-1] == 512 and kw["max_bs"] >= 1
         r = verify_attention_reference(q, k, kb, qo, kvp, kvi, None, None, sm)
         o.view(q.shape[0], -1).copy_(r.to(o.dtype))
@@ -567,8 +571,15 @@ def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys):
     rc = bv.main(["--out", str(out), "--no-plot", "--max-sets", "3", "--commit", "test123", "--min-replays", "3"])
     assert rc == 0
     doc = json.loads(out.read_text())
-    assert doc["commit"] == "test123" and doc["gpu"] == "Fake GPU" and len(doc["rows"]) == 2
+    assert doc["commit"] == "test123" and doc["gpu"] == "Fake GPU" and len(doc["rows"]) == len(grid)
     assert doc["impls"] == ["ours", "triton", "verify_mla", "flashmla"]
+    if vmla_fails:
+        errs = [r["errors"].get("verify_mla", "") for r in doc["rows"]]
+        assert "out of resources" in errs[0] and errs[2].startswith("skipped: failed earlier at H=2 n=3")
+        assert calls["verify_mla"] == 2  # first call of each (H, n), never retried
+        assert all(set(r["times_us"]) == {"ours", "triton", "flashmla"} for r in doc["rows"])
+        assert all(r["check"]["ours"] < 1e-2 for r in doc["rows"])
+        return
     for row in doc["rows"]:
         assert row["errors"] == {}, row["errors"]
         assert set(row["times_us"]) == {"ours", "triton", "verify_mla", "flashmla"}
