@@ -331,6 +331,14 @@ def child_command(sglang_args: Sequence[str], environ: Mapping[str, str]) -> Lis
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before SGLang was started (the supervisor forwards it after)
+        say("interrupted before SGLang was started")
+        return 130
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     environ = dict(os.environ)
     from kdtree_backend.errors import KdtreeConfigError
