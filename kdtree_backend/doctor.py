@@ -79,7 +79,7 @@ def diagnose(environ: Optional[Mapping[str, str]] = None) -> Tuple[List[Tuple[st
     rows.append(("kernel library", f"{path} ({origin})"))
     lib = None
     try:
-        lib = loader.load_library(path, check_devices=False, environ=env)
+        lib = loader.load_library(check_devices=False, environ=env)
         rows.append(("", f"loads: yes; version {lib.version or '?'}; ABI {lib.abi_version}; built for {lib.archs_text()}"))
     except KdtreeConfigError as err:
         rows.append(("", f"loads: NO: {err}"))

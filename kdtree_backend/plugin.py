@@ -119,7 +119,7 @@ def preflight_checks(environ: Optional[Mapping[str, str]] = None) -> Mode:
         return mode
     check_sglang_version(environ)
     check_entry_point(environ)
-    loader.load_library(loader.library_path(environ), check_devices=True, environ=environ)
+    loader.load_library(check_devices=True, environ=environ)
     return mode
 
 

@@ -134,7 +134,7 @@ def _assert_stopped(proc, *needles):
 
 
 def test_missing_file_names_the_path(fake_libs):
-    _assert_stopped(_register_with(fake_libs.missing), str(fake_libs.missing), "not found", ENV_LIB)
+    _assert_stopped(_register_with(fake_libs.missing), str(fake_libs.missing), "not found", f"(from {ENV_LIB})")
 
 
 def test_dlopen_failure_prints_the_loaders_error(fake_libs):

@@ -64,7 +64,7 @@ def test_preflight_checks(fake_libs):
     assert plugin.preflight_checks({**env, "KDTREE_LIB": str(fake_libs.missing)}) is Mode.OFF  # off: no checks
     assert plugin.preflight_checks({**env, "KDTREE_VERIFY": "Validate", "KDTREE_LIB": str(fake_libs.good)}) is Mode.VALIDATE
     assert plugin.preflight_checks({**env, "KDTREE_VERIFY": "on", "KDTREE_LIB": str(fake_libs.good)}) is Mode.ON
-    for lib, needle in [(fake_libs.missing, "not found"), (fake_libs.wrong_abi, "ABI version"),
+    for lib, needle in [(fake_libs.missing, r"not found: searched .* \(from KDTREE_LIB\)"), (fake_libs.wrong_abi, "ABI version"),
                         (fake_libs.sm120_only, "compute capability 9.0")]:
         with pytest.raises(KdtreeConfigError, match=needle):
             plugin.preflight_checks({**env, "KDTREE_VERIFY": "on", "KDTREE_LIB": str(lib)})
