@@ -419,6 +419,20 @@ def flashmla_inputs(torch, batch, s: Shape, gen):
     return cache, block_table, seqlens
 
 
+def call_verify_mla(vm, b, o):
+    """SGLang's verify_shared_kv_fwd on a VerifyBatch, causal chain (no mask), called the way
+    TritonAttnBackend.forward_extend calls it on ROCm (same arguments as extend_attention_fwd)."""
+    H = b.q.shape[1]
+    kb = b.kv_cache.view(b.kv_cache.shape[0], 1, QK)
+    ok = vm(b.q, b.k.view(-1, 1, QK).contiguous(), b.v.contiguous(), o.view(-1, H, DV), kb, kb[..., :DV],
+            b.qo_indptr, b.kv_indptr, b.kv_indices, None, True, b.mask_indptr, b.max_qo_len, b.k_scale,
+            b.v_scale, b.sm_scale, logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
+            xai_temperature_len=-1, max_bs=len(b.prefix_lens))
+    if not ok:
+        raise RuntimeError("verify_shared_kv_fwd declined this shape (can_handle False)")
+    return o
+
+
 def run_shape(torch, s: Shape, impls, args, ceil, mods):
     from kdtree_backend.reference import make_verify_batch, relative_error, verify_attention_reference
 
@@ -489,15 +503,7 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
         if vm is None:
             row["errors"]["verify_mla"] = mods.get("verify_mla_error", "unavailable")
         else:
-            def vcall(b, o):
-                kb = b.kv_cache.view(-1, 1, QK)
-                ok = vm(b.q, b.k.view(-1, 1, QK).contiguous(), b.v, o.view(-1, s.H, DV), kb, kb[..., :DV],
-                        b.qo_indptr, b.kv_indptr, b.kv_indices, None, True, b.mask_indptr, s.n, 1.0, 1.0, sm_scale,
-                        logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
-                        xai_temperature_len=-1, max_bs=s.B)
-                if not ok:
-                    raise RuntimeError("verify_shared_kv_fwd declined this shape (can_handle False)")
-            calls = [(lambda b=b, o=o: vcall(b, o)) for b, o in zip(batches, outs)]
+            calls = [(lambda b=b, o=o: call_verify_mla(vm, b, o)) for b, o in zip(batches, outs)]
             record("verify_mla", calls, outs[0], ref_chain)
     if "flashmla" in impls:
         fm = mods.get("flashmla")

@@ -303,6 +303,17 @@ for i, (name, (kw, post)) in enumerate(sorted(cases.items())):
         uncovered_untouched=bool(torch.isnan(out[~cov]).all()) if bool((~cov).any()) else True,
         zero_rows=zero_rows, zero_rows_out_zero=bool((out[zero_rows] == 0).all()) if zero_rows else True,
         seconds=time.time() - t, describe=b.describe())
+# the benchmark's call of SGLang's verify_shared_kv_fwd (chain), same argument layout
+import importlib.util, pathlib
+spec = importlib.util.spec_from_file_location("bv", str(pathlib.Path("bench/bench_verify.py").resolve()))
+bv = importlib.util.module_from_spec(spec); spec.loader.exec_module(bv)
+from sglang.kernels.ops.attention.verify_mla import verify_shared_kv_fwd
+b = make_verify_batch([40, 70, 3], num_heads=4, draft_lens=3, mask="none", qo_indptr_dtype=torch.int64, seed=7)
+ref = b.reference()
+f = dataclasses.replace(b, q=b.q.float(), k=b.k.float(), v=b.v.float(), kv_cache=b.kv_cache.float())
+out = torch.full((b.num_rows, b.num_heads * 512), float("nan"), dtype=torch.float32)
+bv.call_verify_mla(verify_shared_kv_fwd, f, out)
+res["bench_verify_mla_chain"] = dict(rel_covered=relative_error(out, ref, b.covered_rows()), describe=b.describe())
 print("KDTREE_JSON:" + json.dumps(res))
 """
 
@@ -331,6 +342,13 @@ def test_reference_matches_sglang_triton_interpreted(triton_results, name):
     assert r["zero_rows_out_zero"], r
     if name == "random_bits_u8_empty_row":
         assert r["zero_rows"], r  # the empty row really was exercised
+
+
+def test_bench_verify_mla_call_matches_chain_reference(triton_results):
+    """bench_verify.call_verify_mla drives SGLang's verify_shared_kv_fwd with the right argument
+    layout: it reproduces the chain reference (its partials are stored in bf16, hence ~3e-3)."""
+    r = triton_results["bench_verify_mla_chain"]
+    assert r["rel_covered"] < 1e-2, r
 
 
 def test_triton_interpret_did_not_leak():
