@@ -195,3 +195,41 @@ def test_real_library_built_by_nvcc_loads(tmp_path):
     loader.check_library_devices(lib, [(0, "H200", (9, 0))])
     with pytest.raises(KdtreeLibraryError, match="compute capability 12.0"):
         loader.check_library_devices(lib, [(0, "RTX PRO 6000", (12, 0))])
+
+
+# --- on a GPU machine ----------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_driver_api_gpu_list_matches_torch():
+    import torch
+
+    gpus = loader.visible_gpus({})
+    assert len(gpus) == torch.cuda.device_count() > 0
+    for index, name, cap in gpus:
+        assert cap == torch.cuda.get_device_capability(index)
+        assert name == torch.cuda.get_device_name(index)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(900)
+def test_real_library_on_this_gpu_and_no_cuda_context_at_plugin_load(tmp_path):
+    # The real library for the default archs loads with the device check on this GPU, and SGLang's
+    # load_plugins() with it installs the hook without initialising CUDA (the scheduler has not
+    # chosen its GPU yet when it loads plugins).
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: the real library cannot be built here")
+    build = _build_module()
+    path = build.build_library(out=tmp_path / abi.LIB_FILENAME)
+    lib = loader.load_library(path, environ={})
+    assert set(lib.built_archs) >= {90, 120}
+    code = (
+        "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+        "import torch, ctypes\n"
+        "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend as B\n"
+        "from kdtree_backend import plugin\n"
+        "ctx = ctypes.c_void_p(); cuda = ctypes.CDLL('libcuda.so.1'); cuda.cuCtxGetCurrent(ctypes.byref(ctx))\n"
+        "print('RESULT', plugin.wraps_kdtree_hook(B.forward_extend), torch.cuda.is_initialized(), bool(ctx.value))\n"
+    )
+    proc = run_python(code, clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(path)), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT True False False" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
