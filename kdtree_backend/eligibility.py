@@ -42,6 +42,10 @@ MAX_DRAFT_TOKENS = 64
 # this (the Triton interpreter mis-computes bf16 there, see tests/test_hook_modes.py).
 SUPPORTED_DTYPES = frozenset({torch.bfloat16})
 MASK_DTYPES = frozenset({torch.bool, torch.uint8})
+# TEST-ONLY: let `k is None and v is None` (forward_extend's read-back path, l.1700-1712: draft
+# K/V read from the cache at out_cache_loc; used by SGLang's test kit, never by the MLA model)
+# take the kdtree kernel. The kernel then receives the read-back K exactly as Triton does.
+ALLOW_KV_READBACK = False
 
 # Every label `check` can return, in checking order. Bounded: no value is derived from data.
 REASONS = (
@@ -116,7 +120,8 @@ def check(backend, layer, forward_batch, q, k, v, kwargs: Optional[Mapping[str, 
         return "score_mod"
     if kwargs.get("aux_tensors") is not None:
         return "aux_tensors"
-    if k is None or v is None:
+    readback = k is None and v is None
+    if (k is None or v is None) and not (readback and ALLOW_KV_READBACK):
         return "no_kv"
     if getattr(layer, "qk_head_dim", None) != QK_HEAD_DIM or getattr(layer, "v_head_dim", None) != V_HEAD_DIM:
         return "head_dim"
@@ -152,10 +157,14 @@ def check(backend, layer, forward_batch, q, k, v, kwargs: Optional[Mapping[str, 
         return "translating_pool"
     if not _dtype_ok(getattr(pool, "dtype", None)):
         return "kv_dtype"
-    if not (_dtype_ok(q.dtype) and k.dtype == q.dtype):
+    if not (_dtype_ok(q.dtype) and (readback or k.dtype == q.dtype)):
         return "q_dtype"
     tq = getattr(layer, "tp_q_head_num", None)
-    if q.dim() != 3 or q.shape[1] != tq or q.shape[2] != QK_HEAD_DIM or k.shape[0] != q.shape[0] or q.stride(2) != 1:
+    if readback:
+        q = q.view(q.shape[0], -1, QK_HEAD_DIM) if q.dim() == 2 and q.shape[1] % QK_HEAD_DIM == 0 else q
+    elif k.shape[0] != q.shape[0]:
+        return "q_shape"
+    if q.dim() != 3 or q.shape[1] != tq or q.shape[2] != QK_HEAD_DIM or q.stride(2) != 1:
         return "q_shape"
     md = getattr(backend, "forward_metadata", None)
     if md is None or getattr(md, "qo_indptr", None) is None or getattr(md, "kv_indptr", None) is None:
