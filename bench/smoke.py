@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -80,7 +81,7 @@ def reference(a, k_scale=1.0, v_scale=1.0):
     return out
 
 
-def correctness():
+def correctness(small=False):
     cases = [
         (1, 8, 16, [1000], "tree", torch.uint8, torch.int32),
         (3, 1, 3, [0, 5, 37], "tree", torch.bool, torch.int64),
@@ -91,11 +92,14 @@ def correctness():
         (5, 3, 7, [1, 1, 1, 1, 1], "tree", torch.uint8, torch.int64),
         (1, 8, 16, [20000], "tree", torch.uint8, torch.int32),
     ]
+    if small:  # sized for compute-sanitizer: a few tiles, every code path (splits, draft tiles, masks)
+        cases = [(2, 8, 5, [40, 0], "tree", torch.uint8, torch.int32), (1, 3, 17, [300], "none", None, torch.int64),
+                 (3, 2, 3, [1, 33, 2], "chain", torch.bool, torch.int32)]
     rows = []
     ok = True
     for i, (B, H, n, pl, mk, md, qd) in enumerate(cases):
         a = make_batch(B, H, n, pl, mask_kind=mk, mask_dtype=md or torch.uint8, qo_dtype=qd, seed=100 + i)
-        for ks, vs in ((1.0, 1.0), (0.7, 1.3)):
+        for ks, vs in ((1.0, 1.0), (0.7, 1.3)):  # noqa: B007
             out = torch.full((B * n, H * 512), float("nan"), dtype=torch.bfloat16, device="cuda")
             verify_attention(**a, out=out, k_scale=ks, v_scale=vs)
             torch.cuda.synchronize()
@@ -111,6 +115,7 @@ def correctness():
 
 
 def time_graph(fn, iters=50):
+    """Median per-replay time of a captured graph, replays back to back (no host gap, clocks up)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -120,20 +125,18 @@ def time_graph(fn, iters=50):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
+    for _ in range(max(3, iters // 5)):
         g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) * 1000)
-    return statistics.median(ts)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    events[0].record()
+    for i in range(iters):
+        g.replay()
+        events[i + 1].record()
+    events[-1].synchronize()
+    return statistics.median(events[i].elapsed_time(events[i + 1]) * 1000 for i in range(iters))
 
 
-def timings(with_triton=True):
+def timings(with_triton=True, configs=(0,)):
     shapes = [(1, 8, 16, 1024), (1, 8, 16, 8192), (8, 8, 16, 8192), (32, 8, 16, 8192), (1, 8, 16, 32768),
               (32, 16, 64, 8192), (8, 16, 64, 32768), (1, 8, 8, 32768), (32, 8, 8, 32768)]
     if with_triton:
@@ -142,7 +145,12 @@ def timings(with_triton=True):
     for B, H, n, L in shapes:
         a = make_batch(B, H, n, [L] * B, seed=7, pool_extra=L)
         out = torch.empty(B * n, H * 512, dtype=torch.bfloat16, device="cuda")
-        t_ours = time_graph(lambda: verify_attention(**a, out=out))
+        t_cfg = {}
+        for cfg in configs:
+            os.environ["KDTREE_KERNEL_CONFIG"] = str(cfg)
+            t_cfg[cfg] = time_graph(lambda: verify_attention(**a, out=out))
+        os.environ.pop("KDTREE_KERNEL_CONFIG", None)
+        t_ours = t_cfg[configs[0]]
         t_tri = float("nan")
         if with_triton:
             v = a["k"][..., :512].contiguous()
@@ -160,10 +168,12 @@ def timings(with_triton=True):
         flops = 2 * B * n * H * (L + n) * 1088
         byts = B * (L + n) * 1152 + B * n * H * (1152 + 1024)
         row = dict(B=B, H=H, n=n, L=L, ours_us=t_ours, triton_us=t_tri, speedup=t_tri / t_ours,
-                   tflops=flops / t_ours / 1e6, tbps=byts / t_ours / 1e6, diff_vs_triton=d)
+                   tflops=flops / t_ours / 1e6, tbps=byts / t_ours / 1e6, diff_vs_triton=d,
+                   by_config={str(c): t for c, t in t_cfg.items()})
         res.append(row)
         print(f"B={B:<3} H={H:<3} n={n:<3} L={L:<6} ours {t_ours:9.1f} us  triton {t_tri:9.1f} us  "
-              f"x{t_tri / t_ours:6.1f}  {row['tflops']:6.1f} TF/s  {row['tbps']:5.2f} TB/s  diff {d:.1e}", flush=True)
+              f"x{t_tri / t_ours:6.1f}  {row['tflops']:6.1f} TF/s  {row['tbps']:5.2f} TB/s  diff {d:.1e}  "
+              + " ".join(f"cfg{c}={t:.1f}" for c, t in t_cfg.items()), flush=True)
     return res
 
 
@@ -171,10 +181,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--small", action="store_true", help="small correctness cases only (for compute-sanitizer)")
+    ap.add_argument("--configs", default="0", help="kernel configurations to time, e.g. 0,1 (1 needs --experimental build)")
     args = ap.parse_args()
     t0 = time.time()
-    ok, corr = correctness()
-    tim = timings(not args.no_triton)
+    ok, corr = correctness(args.small)
+    configs = tuple(int(c) for c in args.configs.split(","))
+    tim = [] if args.small else timings(not args.no_triton, configs)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), correctness=corr, timings=tim), f, indent=1)

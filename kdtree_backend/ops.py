@@ -141,6 +141,17 @@ def _env_int(name: str) -> int | None:
     return v
 
 
+def _kernel_config() -> int:
+    """KDTREE_KERNEL_CONFIG selects an experimental kernel configuration (benchmarks only)."""
+    raw = os.environ.get("KDTREE_KERNEL_CONFIG", "").strip()
+    if not raw:
+        return abi.CONFIG_PORTABLE
+    try:
+        return int(raw)
+    except ValueError:
+        raise KernelInputError(f"KDTREE_KERNEL_CONFIG={raw!r} is not an integer") from None
+
+
 def _get_plan(lib, device_index: int, stream_ptr: int, batch: int, heads: int, max_qo_len: int, config: int) -> _Plan:
     key = (device_index, stream_ptr, batch, heads, max_qo_len, config)
     plan = _plans.get(key)
@@ -240,7 +251,8 @@ def verify_attention(
         _probed_devices.add(index)
     with torch.cuda.device(index):
         stream = torch.cuda.current_stream(device)
-        plan = _get_plan(lib, index, stream.cuda_stream, batch, H, max_qo_len, abi.CONFIG_PORTABLE)
+        config = _kernel_config()
+        plan = _get_plan(lib, index, stream.cuda_stream, batch, H, max_qo_len, config)
         p = abi.VerifyParams()
         p.q = q.data_ptr()
         p.q_stride_tok = q.stride(0)
@@ -266,7 +278,7 @@ def verify_attention(
         p.qo_indptr_is_int64 = int(qo_indptr.dtype == torch.int64)
         p.kv_indptr_is_int64 = int(kv_indptr.dtype == torch.int64)
         p.min_keys_per_split = plan.c_plan.min_keys_per_split
-        p.config = abi.CONFIG_PORTABLE
+        p.config = config
         p.sm_scale = float(sm_scale)
         p.k_scale = float(k_scale)
         p.v_scale = float(v_scale)

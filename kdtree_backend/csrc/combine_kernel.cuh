@@ -10,6 +10,7 @@
 namespace kdtree {
 
 constexpr int kCombineRowsPerBlock = 8;  // one warp per row
+constexpr int kMaxSplits = 128;          // kdtree_verify_run refuses more
 
 template <class Cfg>
 __global__ void __launch_bounds__(kCombineRowsPerBlock * 32) combine_splits_kernel(const KdtreeVerifyParams p,
@@ -29,29 +30,42 @@ __global__ void __launch_bounds__(kCombineRowsPerBlock * 32) combine_splits_kern
   const float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * p.num_splits * rows_per_split * kVDim;
   const int64_t row0 = static_cast<int64_t>(b) * p.num_splits * rows_per_split + r;
 
+  // Weights first, in parallel over the warp's lanes (one split per lane per step), kept in
+  // shared memory; then a branch-free accumulation with several splits' loads in flight.
+  __shared__ float weights[kCombineRowsPerBlock][kMaxSplits];
+  float* wrow = weights[threadIdx.x >> 5];
   float lse_max = -CUDART_INF_F;
-  for (int s = 0; s < w.active; ++s) lse_max = fmaxf(lse_max, ws_lse[row0 + s * rows_per_split]);
+  for (int s = lane; s < w.active; s += 32) lse_max = fmaxf(lse_max, ws_lse[row0 + s * rows_per_split]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, off));
+  float wsum = 0.f;
+  for (int s = lane; s < w.active; s += 32) {
+    const float lse = ws_lse[row0 + s * rows_per_split];
+    // A split that saw none of this row's keys has lse = -inf: weight 0 (its partial row is 0).
+    const float wt = lse_max == -CUDART_INF_F ? 0.f : exp2f(lse - lse_max);
+    wrow[s] = wt;
+    wsum += wt;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
+  __syncwarp();
 
   float4 acc[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  float wsum = 0.f;
-  if (lse_max != -CUDART_INF_F) {
-    for (int s = 0; s < w.active; ++s) {
-      const int64_t row = row0 + s * rows_per_split;
-      const float lse = ws_lse[row];
-      if (lse == -CUDART_INF_F) continue;  // this split saw no key of this row
-      const float wt = exp2f(lse - lse_max);
-      wsum += wt;
-      const float4* src = reinterpret_cast<const float4*>(ws_o + row * kVDim);
+  const float4* src = reinterpret_cast<const float4*>(ws_o + row0 * kVDim) + lane;
+  const int64_t split_stride4 = rows_per_split * (kVDim / 4);
+#pragma unroll 8
+  for (int s = 0; s < w.active; ++s) {
+    const float wt = wrow[s];
+    const float4* sp = src + s * split_stride4;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float4 v = src[lane + 32 * i];
-        acc[i].x += wt * v.x;
-        acc[i].y += wt * v.y;
-        acc[i].z += wt * v.z;
-        acc[i].w += wt * v.w;
-      }
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = sp[32 * i];
+      acc[i].x += wt * v.x;
+      acc[i].y += wt * v.y;
+      acc[i].z += wt * v.z;
+      acc[i].w += wt * v.w;
     }
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;

@@ -31,7 +31,6 @@ int fail(int code, const char* fmt, ...) {
 
 constexpr int kMaxDevices = 64;
 constexpr int kDefaultMinKeysPerSplit = 128;
-constexpr int kMaxSplits = 128;
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
@@ -56,7 +55,7 @@ int choose_splits(int64_t base_ctas, int num_sms) {
     return best;
   }
   int s = static_cast<int>(num_sms / base_ctas);
-  return s < 1 ? 1 : (s > kMaxSplits ? kMaxSplits : s);
+  return s < 1 ? 1 : (s > kdtree::kMaxSplits ? kdtree::kMaxSplits : s);
 }
 
 template <class Cfg>
@@ -164,6 +163,9 @@ struct Launcher {
 };
 
 using Portable = Launcher<kdtree::PortableConfig>;
+#ifdef KDTREE_EXPERIMENTAL_CONFIGS
+using Narrow16 = Launcher<kdtree::Narrow16Config>;
+#endif
 
 // abi.py mirrors this struct field by field; a size change means the mirror is stale.
 static_assert(sizeof(KdtreeVerifyParams) == 184, "KdtreeVerifyParams changed: update abi.py and bump KDTREE_ABI_VERSION");
@@ -213,6 +215,10 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
   switch (config) {
     case 0:
       return Portable::plan(batch, num_heads, max_qo_len, num_sms, plan);
+#ifdef KDTREE_EXPERIMENTAL_CONFIGS
+    case 1:
+      return Narrow16::plan(batch, num_heads, max_qo_len, num_sms, plan);
+#endif
     default:
       return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", config);
   }
@@ -224,7 +230,8 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
   if (!p.q || !p.k || !p.kv_cache || !p.qo_indptr || !p.kv_indptr || !p.kv_indices || !p.out)
     return fail(KDTREE_ERR_INVALID_ARGUMENT, "a required pointer is NULL");
   if (p.custom_mask && !p.mask_indptr) return fail(KDTREE_ERR_INVALID_ARGUMENT, "custom_mask without mask_indptr");
-  if (p.batch < 1 || p.batch > 65535 || p.num_heads < 1 || p.max_qo_len < 1 || p.num_splits < 1)
+  if (p.batch < 1 || p.batch > 65535 || p.num_heads < 1 || p.max_qo_len < 1 || p.num_splits < 1 ||
+      p.num_splits > kdtree::kMaxSplits)
     return fail(KDTREE_ERR_INVALID_ARGUMENT, "batch=%d num_heads=%d max_qo_len=%d num_splits=%d out of range",
                 p.batch, p.num_heads, p.max_qo_len, p.num_splits);
   // cp.async moves 16-byte chunks: every row start must be 16-byte aligned.
@@ -238,6 +245,10 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
   switch (p.config) {
     case 0:
       return Portable::run(p, static_cast<cudaStream_t>(stream));
+#ifdef KDTREE_EXPERIMENTAL_CONFIGS
+    case 1:
+      return Narrow16::run(p, static_cast<cudaStream_t>(stream));
+#endif
     default:
       return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", p.config);
   }

@@ -1,5 +1,5 @@
 // Warp-level building blocks shared by the verify kernels: cp.async, ldmatrix, mma.sync bf16,
-// the swizzled shared-memory layout of 576-wide bf16 rows, and named barriers.
+// the padded shared-memory layout of 576-wide bf16 rows, and named barriers.
 // Everything here is plain sm_80+ PTX so the same code runs on sm_90 and sm_120.
 #pragma once
 #include <cuda_bf16.h>
@@ -12,11 +12,15 @@ constexpr int kVDim = 512;               // V = the first 512 columns of the K r
 constexpr int kRowBytes = kQkDim * 2;    // 1152 bytes per bf16 row
 constexpr int kRowChunks = kRowBytes / 16;  // 72 chunks of 16 bytes
 
-// A 576-wide row is 72 chunks of 16 B; 1152 B is a multiple of 128 B, so without a swizzle the
-// 8 rows an ldmatrix reads would all hit the same banks. XOR the low 3 bits of the chunk with
-// the row: the 8 rows of any 8x8 matrix land in 8 distinct 16-byte bank groups.
-__device__ __forceinline__ uint32_t swizzled_offset(int row, int chunk) {
-  return static_cast<uint32_t>(row * kRowBytes + (((chunk & ~7) | ((chunk ^ row) & 7)) << 4));
+// In shared memory a 576-wide row takes 1168 B: 72 chunks of 16 B plus one chunk of padding.
+// 1152 B alone is a multiple of 128 B, so the 8 rows one ldmatrix reads would all hit the same
+// banks; with the pad, row r starts 16*r bytes later modulo 128 and the 8 rows land in 8
+// distinct 16-byte bank groups. Padding rather than an XOR swizzle keeps every ldmatrix address a
+// per-lane base plus a compile-time constant (one register per operand, one add per load).
+constexpr int kSmemRowBytes = kRowBytes + 16;
+
+__device__ __forceinline__ uint32_t row_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * kSmemRowBytes + (chunk << 4));
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -44,9 +48,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, u
                : "r"(addr));
 }
 
-// D += A(16x16, row) * B(16x8, col); bf16 inputs, fp32 accumulators.
+// D += A(16x16, row) * B(16x8, col); bf16 inputs, fp32 accumulators. Not volatile: it only
+// reads and writes registers, so the compiler may interleave independent mma chains.
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

@@ -22,6 +22,10 @@
 
 namespace kdtree {
 
+// The kernel's dynamic shared memory. A namespace-scope symbol so device functions can address
+// the exchange area as symbol + constant (no pointer held in registers).
+extern __shared__ __align__(128) uint8_t g_smem[];
+
 template <int RG, int CS, int BN, int ST>
 struct VerifyConfig {
   static constexpr int kRG = RG;      // row groups of 16 query rows
@@ -36,8 +40,8 @@ struct VerifyConfig {
   static constexpr int kVSlice = kVDim / CS;      // output columns per warp
   static constexpr int kVTiles = kVSlice / 8;     // n8 accumulator tiles per warp
   static constexpr int kNTiles = BN / 8;          // n8 score tiles per key tile
-  static constexpr int kTileBytes = BN * kRowBytes;
-  static constexpr int kQBytes = kM * kRowBytes;
+  static constexpr int kTileBytes = BN * kSmemRowBytes;
+  static constexpr int kQBytes = kM * kSmemRowBytes;
   static constexpr int kKvBytes = ST * kTileBytes;
   static constexpr int kStageBytes = kKvBytes > kQBytes ? kKvBytes : kQBytes;  // Q is staged here first
   static constexpr int kExchangeBytes = CS > 1 ? CS * kM * BN * 4 : 0;
@@ -52,9 +56,13 @@ struct VerifyConfig {
 };
 
 // The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
-// select. 64 query rows x 16-key tiles, 4 stages: 81,920 B of shared memory, 0 spills at 252-255
-// registers (the 32-key double-buffered variant spills 44-72 B on sm_90/sm_120).
-using PortableConfig = VerifyConfig<4, 2, 16, 4>;
+// select. 64 query rows x 32-key tiles, double-buffered: 2 x 37,376 B of K tiles + 16,384 B of
+// score exchange = 91,136 B of shared memory. ptxas: 0 spills on sm_120; on sm_90 8 B (see
+// docs/perf-notes.md: 25-35% faster than 16-key tiles on the H200, which spill nothing).
+using PortableConfig = VerifyConfig<4, 2, 32, 2>;
+// Experimental (bench only, built with -DKDTREE_EXPERIMENTAL_CONFIGS, KDTREE_KERNEL_CONFIG=1):
+// 16-key tiles, 4 stages, two QK accumulator chains.
+using Narrow16Config = VerifyConfig<4, 2, 16, 4>;
 constexpr int kSm120MaxSmemPerBlock = 101376;
 static_assert(PortableConfig::kSmemBytes <= kSm120MaxSmemPerBlock,
               "the portable configuration must fit sm_120's 99 KB of shared memory per block");
@@ -129,77 +137,102 @@ __device__ __forceinline__ void load_q_fragments(WarpState<Cfg>& st, uint32_t st
 #pragma unroll
   for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
     const int chunk = kChunk0 + 2 * ks + (lane >> 4);
-    ldmatrix_x4(stage_base + swizzled_offset(row, chunk), st.q[ks][0], st.q[ks][1], st.q[ks][2], st.q[ks][3]);
+    ldmatrix_x4(stage_base + row_offset(row, chunk), st.q[ks][0], st.q[ks][1], st.q[ks][2], st.q[ks][3]);
   }
 }
 
-// S(16 x BN) partial = Q(16 x slice kH) * K_tile(BN x slice kH)^T
-template <class Cfg, int kH>
-__device__ __forceinline__ void qk_partial(float (&s)[Cfg::kNTiles][4], const WarpState<Cfg>& st,
-                                           uint32_t tile_base, int lane) {
-  constexpr int kChunk0 = kH * (Cfg::kQkSlice / 8);
-#pragma unroll
-  for (int f = 0; f < Cfg::kNTiles; ++f) {
-    s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
-  }
-  const int key_lane = (lane & 7) + ((lane >> 4) << 3);
-  const int chunk_lane = (lane >> 3) & 1;
-#pragma unroll
-  for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
+// Per-lane parts of the ldmatrix addresses; the rest (chunk, key block) is a compile-time constant.
+struct LaneOffsets {
+  uint32_t qk;  // K rows for QK^T (ldmatrix, B operand)
+  uint32_t pv;  // V rows for PV (ldmatrix.trans, B operand)
+};
+
+__device__ __forceinline__ LaneOffsets make_lane_offsets(int lane) {
+  LaneOffsets o;
+  o.qk = row_offset((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  o.pv = row_offset((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+  return o;
+}
+
+// S(16 x BN) partial = Q(16 x slice kH) * K_tile(BN x slice kH)^T. Even and odd k-steps go to
+// separate accumulators: two independent mma chains per n8 tile instead of one, so the tensor
+// pipe is not idle waiting on a single accumulator's latency.
+template <class Cfg, int kH, int kKs = 0>
+__device__ __forceinline__ void qk_steps(float (&s0)[Cfg::kNTiles][4], float (&s1)[Cfg::kNTiles][4],
+                                         const WarpState<Cfg>& st, uint32_t tile_base, const LaneOffsets& lo) {
+  if constexpr (kKs < Cfg::kKSteps) {
+    constexpr int kChunk = kH * (Cfg::kQkSlice / 8) + 2 * kKs;
+    // With 4+ n8 tiles there are already enough independent chains: one accumulator set.
+    float(&s)[Cfg::kNTiles][4] = (Cfg::kNTiles >= 4 || kKs % 2 == 0) ? s0 : s1;
 #pragma unroll
     for (int np = 0; np < Cfg::kNTiles / 2; ++np) {
       uint32_t b0, b1, b2, b3;
-      const int key = np * 16 + key_lane;
-      ldmatrix_x4(tile_base + swizzled_offset(key, kChunk0 + 2 * ks + chunk_lane), b0, b1, b2, b3);
-      mma_bf16_16816(s[2 * np], st.q[ks], b0, b1);
-      mma_bf16_16816(s[2 * np + 1], st.q[ks], b2, b3);
+      ldmatrix_x4(tile_base + lo.qk + kChunk * 16 + np * 16 * kSmemRowBytes, b0, b1, b2, b3);
+      mma_bf16_16816(s[2 * np], st.q[kKs], b0, b1);
+      mma_bf16_16816(s[2 * np + 1], st.q[kKs], b2, b3);
     }
+    qk_steps<Cfg, kH, kKs + 1>(s0, s1, st, tile_base, lo);
+  }
+}
+
+template <class Cfg, int kH>
+__device__ __forceinline__ void qk_partial(float (&s)[Cfg::kNTiles][4], const WarpState<Cfg>& st,
+                                           uint32_t tile_base, const LaneOffsets& lo) {
+  float s1[Cfg::kNTiles][4];
+#pragma unroll
+  for (int f = 0; f < Cfg::kNTiles; ++f) {
+    s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
+    s1[f][0] = s1[f][1] = s1[f][2] = s1[f][3] = 0.f;
+  }
+  qk_steps<Cfg, kH>(s, s1, st, tile_base, lo);
+  if constexpr (Cfg::kNTiles < 4) {
+#pragma unroll
+    for (int f = 0; f < Cfg::kNTiles; ++f)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[f][e] += s1[f][e];
   }
 }
 
 // O(16 x slice kH) += P(16 x BN) * V_tile(BN x slice kH), V = the K tile's first 512 columns.
-template <class Cfg, int kH>
-__device__ __forceinline__ void pv_accumulate(WarpState<Cfg>& st, const uint32_t (&pa)[Cfg::kBN / 16][4],
-                                              uint32_t tile_base, int lane) {
-  constexpr int kChunk0 = kH * (Cfg::kVSlice / 8);
-  const int key_lane = (lane & 7) + (((lane >> 3) & 1) << 3);
-  const int chunk_lane = lane >> 4;
+template <class Cfg, int kH, int kJ = 0>
+__device__ __forceinline__ void pv_steps(WarpState<Cfg>& st, const uint32_t (&pa)[Cfg::kBN / 16][4],
+                                         uint32_t tile_base, const LaneOffsets& lo) {
+  if constexpr (kJ < Cfg::kVTiles / 2) {
+    constexpr int kChunk = kH * (Cfg::kVSlice / 8) + 2 * kJ;
 #pragma unroll
-  for (int kk = 0; kk < Cfg::kBN / 16; ++kk) {
-#pragma unroll
-    for (int j = 0; j < Cfg::kVTiles / 2; ++j) {
+    for (int kk = 0; kk < Cfg::kBN / 16; ++kk) {
       uint32_t b0, b1, b2, b3;
-      ldmatrix_x4_trans(tile_base + swizzled_offset(kk * 16 + key_lane, kChunk0 + 2 * j + chunk_lane), b0, b1,
-                        b2, b3);
-      mma_bf16_16816(st.o[2 * j], pa[kk], b0, b1);
-      mma_bf16_16816(st.o[2 * j + 1], pa[kk], b2, b3);
+      ldmatrix_x4_trans(tile_base + lo.pv + kChunk * 16 + kk * 16 * kSmemRowBytes, b0, b1, b2, b3);
+      mma_bf16_16816(st.o[2 * kJ], pa[kk], b0, b1);
+      mma_bf16_16816(st.o[2 * kJ + 1], pa[kk], b2, b3);
     }
+    pv_steps<Cfg, kH, kJ + 1>(st, pa, tile_base, lo);
   }
 }
 
+// What a tile needs beyond the kernel parameters (which stay in the constant bank, not registers).
 struct TileContext {
   bool is_prefix;
-  int key_base;        // first key of the tile: prefix position, or draft index for draft tiles
-  int prefix;          // P
-  int n;               // draft tokens
-  float scale_log2;    // sm_scale * log2(e) (* k_scale for prefix tiles)
-  float p_scale;       // v_scale for prefix tiles, 1 for draft tiles
-  const uint8_t* mask; // request's FULL_MASK block start, or nullptr (causal)
-  int64_t mask_row_stride;  // P + n
+  int key_base;  // first key of the tile: prefix position, or draft index for draft tiles
+  int prefix;    // P
+  int n;         // draft tokens
+  int row0;      // this thread's first query row (r = token * H + head) in the request
 };
 
 // Everything a warp does with one key tile once it sits in shared memory.
 template <class Cfg, int kH>
-__device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_base, float* exchange, int g,
-                                             int lane, const TileContext& tc, const int (&query_of_row)[2],
-                                             const bool (&row_valid)[2]) {
+__device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_base, int g,
+                                             int lane, const LaneOffsets& lo, const TileContext& tc,
+                                             const KdtreeVerifyParams& p) {
+  constexpr float kLog2e = 1.4426950408889634f;
   constexpr int NT = Cfg::kNTiles;
   float s[NT][4];
-  qk_partial<Cfg, kH>(s, st, tile_base, lane);
+  qk_partial<Cfg, kH>(s, st, tile_base, lo);
 
   if constexpr (Cfg::kCS > 1) {
     // Sum the depth slices of this row group. Every warp of the group adds the partials in the
     // same order, so all of them hold bit-identical scores and take identical softmax decisions.
+    float* exchange = reinterpret_cast<float*>(g_smem + Cfg::kStageBytes);
     float* mine = exchange + ((kH * Cfg::kRG + g) * NT * 4) * 32;
 #pragma unroll
     for (int f = 0; f < NT; ++f)
@@ -227,30 +260,55 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
 
   // Scale into the log2 domain and mask: prefix keys past P; draft keys by the tree mask.
   const int col_lane = 2 * (lane & 3);
+  if (tc.is_prefix) {
 #pragma unroll
-  for (int f = 0; f < NT; ++f) {
+    for (int f = 0; f < NT; ++f)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int rr = e >> 1;
-      const int key = tc.key_base + f * 8 + col_lane + (e & 1);
-      bool visible;
-      if (tc.is_prefix) {
-        visible = key < tc.prefix;
-      } else if (!row_valid[rr]) {
-        visible = key == 0;  // rows past the request: keep them finite, never stored
-      } else if (key >= tc.n) {
-        visible = false;
-      } else if (tc.mask != nullptr) {
-        visible = tc.mask[query_of_row[rr] * tc.mask_row_stride + tc.prefix + key] != 0;
-      } else {
-        visible = key <= query_of_row[rr];
+      for (int e = 0; e < 4; ++e) {
+        const int key = tc.key_base + f * 8 + col_lane + (e & 1);
+        s[f][e] = key < tc.prefix ? s[f][e] * (p.sm_scale * p.k_scale * kLog2e) : -CUDART_INF_F;
       }
-      s[f][e] = visible ? s[f][e] * tc.scale_log2 : -CUDART_INF_F;
+  } else {
+    // Draft tiles are at most ceil(64/16) per request: fetch the mask block start here.
+    const uint8_t* mask = nullptr;
+    if (p.custom_mask != nullptr) {
+      mask = reinterpret_cast<const uint8_t*>(p.custom_mask) +
+             __ldg(reinterpret_cast<const int64_t*>(p.mask_indptr) + blockIdx.z);
+    }
+    const int mask_row_stride = tc.prefix + tc.n;
+    const int heads = p.num_heads;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = tc.row0 + rr * 8;
+      const bool row_valid = r < tc.n * heads;
+      const int query = row_valid ? r / heads : 0;
+#pragma unroll
+      for (int f = 0; f < NT; ++f)
+#pragma unroll
+        for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+          const int key = tc.key_base + f * 8 + col_lane + (e & 1);
+          bool visible;
+          if (!row_valid) {
+            visible = key == 0;  // rows past the request: keep them finite, never stored
+          } else if (key >= tc.n) {
+            visible = false;
+          } else if (mask != nullptr) {
+            visible = mask[query * mask_row_stride + tc.prefix + key] != 0;
+          } else {
+            visible = key <= query;
+          }
+          s[f][e] = visible ? s[f][e] * (p.sm_scale * kLog2e) : -CUDART_INF_F;
+        }
     }
   }
 
-  // Online softmax (fp32, exp2). A row with nothing visible so far keeps m = -inf and l = 0.
-  float alpha[2];
+  // Online softmax (fp32, exp2) with a lazily moved reference max: m only moves when a row's
+  // max exceeds it by more than kRescaleThreshold (log2 units), so p <= 2^threshold (exact in the
+  // math, fine in bf16/fp32) and the O rescale below runs on few tiles. A row with nothing
+  // visible so far keeps m = -inf and l = 0.
+  constexpr float kRescaleThreshold = 8.f;
+  float m_new[2];
+  bool move[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float mx = -CUDART_INF_F;
@@ -258,9 +316,29 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
     for (int f = 0; f < NT; ++f) mx = fmaxf(mx, fmaxf(s[f][2 * rr], s[f][2 * rr + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(st.m[rr], mx);
-    const float base = m_new == -CUDART_INF_F ? 0.f : m_new;
-    alpha[rr] = exp2f(st.m[rr] - base);
+    move[rr] = mx > st.m[rr] + kRescaleThreshold;  // also true the first time a row sees a key
+    m_new[rr] = move[rr] ? mx : st.m[rr];
+  }
+  // Warp-uniform: the two warps of a row-group pair hold identical scores, so they agree too.
+  if (__any_sync(0xffffffffu, move[0] || move[1])) {
+    float alpha[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new[rr]) : 1.f;  // m = -inf -> 0 (l and O are 0)
+      st.l[rr] *= alpha[rr];
+      st.m[rr] = m_new[rr];
+    }
+#pragma unroll
+    for (int f = 0; f < Cfg::kVTiles; ++f) {
+      st.o[f][0] *= alpha[0];
+      st.o[f][1] *= alpha[0];
+      st.o[f][2] *= alpha[1];
+      st.o[f][3] *= alpha[1];
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
     float sum = 0.f;
 #pragma unroll
     for (int f = 0; f < NT; ++f) {
@@ -268,20 +346,12 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
       s[f][2 * rr + 1] = exp2f(s[f][2 * rr + 1] - base);
       sum += s[f][2 * rr] + s[f][2 * rr + 1];
     }
-    st.l[rr] = st.l[rr] * alpha[rr] + sum;
-    st.m[rr] = m_new;
-  }
-#pragma unroll
-  for (int f = 0; f < Cfg::kVTiles; ++f) {
-    st.o[f][0] *= alpha[0];
-    st.o[f][1] *= alpha[0];
-    st.o[f][2] *= alpha[1];
-    st.o[f][3] *= alpha[1];
+    st.l[rr] += sum;
   }
 
   // P to bf16 A fragments: the C layout of two adjacent n8 tiles is the A layout of one k16 step.
   uint32_t pa[Cfg::kBN / 16][4];
-  const float ps = tc.p_scale;
+  const float ps = tc.is_prefix ? p.v_scale : 1.f;
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBN / 16; ++kk) {
     pa[kk][0] = pack_bf16x2(s[2 * kk][0] * ps, s[2 * kk][1] * ps);
@@ -289,7 +359,7 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
     pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0] * ps, s[2 * kk + 1][1] * ps);
     pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2] * ps, s[2 * kk + 1][3] * ps);
   }
-  pv_accumulate<Cfg, kH>(st, pa, tile_base, lane);
+  pv_steps<Cfg, kH>(st, pa, tile_base, lo);
 }
 
 template <class Cfg, int kH>
@@ -335,7 +405,6 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(const KdtreeVerifyParams p) {
-  extern __shared__ __align__(128) uint8_t smem[];
   const int row_tile = blockIdx.x;
   const int split = blockIdx.y;
   const int b = blockIdx.z;
@@ -355,8 +424,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   if (t_begin >= w.key_tiles) return;
   const int t_end = min(w.key_tiles, t_begin + w.tiles_per_split);
 
-  const uint32_t stage_base = smem_addr(smem);
-  float* exchange = reinterpret_cast<float*>(smem + Cfg::kStageBytes);
+  const uint32_t stage_base = smem_addr(g_smem);
   const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(p.q);
   const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
   const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
@@ -374,7 +442,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
 #pragma unroll
     for (int u = 0; u < kRowChunks / kTpr; ++u) {
       const int c = tid % kTpr + kTpr * u;
-      cp_async_16(stage_base + swizzled_offset(row, c), src + c * 8, valid);
+      cp_async_16(stage_base + row_offset(row, c), src + c * 8, valid);
     }
     cp_async_commit();
     cp_async_wait<0>();
@@ -401,20 +469,25 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   constexpr int kChunksPerThread = (kRowChunks + kTprK - 1) / kTprK;
   const int my_key = tid / kTprK;
   const int my_chunk0 = tid % kTprK;
-  auto fetch_slot = [&](int tile) -> int64_t {
+  // Slot ids are checked against the cache size when fetched and kept as 32-bit (-1 = no row):
+  // a pool of 2^31 576-wide rows would be 2.5 TB.
+  auto fetch_slot = [&](int tile) -> int {
     if (tile < t_end && tile < w.prefix_tiles) {
       const int j = tile * Cfg::kBN + my_key;
-      if (j < req.prefix) return __ldg(kv_indices + req.kv0 + j);
+      if (j < req.prefix) {
+        const int64_t slot = __ldg(kv_indices + req.kv0 + j);
+        return (slot >= 0 && slot < p.kv_num_slots) ? static_cast<int>(slot) : -1;
+      }
     }
     return -1;
   };
-  auto issue_tile = [&](int tile, int64_t slot) {
+  auto issue_tile = [&](int tile, int slot) {
     const uint32_t dst_base = stage_base + ((tile - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
     const __nv_bfloat16* src;
     bool valid;
     if (tile < w.prefix_tiles) {
-      valid = slot >= 0 && slot < p.kv_num_slots;
-      src = kv + (valid ? slot : 0) * p.kv_stride_slot;
+      valid = slot >= 0;
+      src = kv + static_cast<int64_t>(valid ? slot : 0) * p.kv_stride_slot;
     } else {
       const int c = (tile - w.prefix_tiles) * Cfg::kBN + my_key;
       valid = c < req.n;
@@ -424,13 +497,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
     for (int u = 0; u < kChunksPerThread; ++u) {
       const int c = my_chunk0 + kTprK * u;
       if (kRowChunks % kTprK == 0 || c < kRowChunks) {
-        cp_async_16(dst_base + swizzled_offset(my_key, c), src + c * 8, valid);
+        cp_async_16(dst_base + row_offset(my_key, c), src + c * 8, valid);
       }
     }
   };
 
   int next_tile = t_begin;
-  int64_t next_slot = fetch_slot(next_tile);
+  int next_slot = fetch_slot(next_tile);
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (next_tile < t_end) {
@@ -441,25 +514,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
     cp_async_commit();
   }
 
-  // Per-row facts the draft tiles need: which draft query a row belongs to.
-  int query_of_row[2];
-  bool row_valid[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int r = row_tile * Cfg::kM + g * 16 + (lane >> 2) + rr * 8;
-    row_valid[rr] = r < rows;
-    query_of_row[rr] = row_valid[rr] ? r / H : 0;
-  }
-  constexpr float kLog2e = 1.4426950408889634f;
+  const LaneOffsets lo = make_lane_offsets(lane);
   TileContext tc;
   tc.prefix = req.prefix;
   tc.n = req.n;
-  tc.mask_row_stride = static_cast<int64_t>(req.prefix) + req.n;
-  tc.mask = nullptr;
-  if (p.custom_mask != nullptr) {
-    const int64_t m0 = __ldg(reinterpret_cast<const int64_t*>(p.mask_indptr) + b);
-    tc.mask = reinterpret_cast<const uint8_t*>(p.custom_mask) + m0;
-  }
+  tc.row0 = row_tile * Cfg::kM + g * 16 + (lane >> 2);
 
   for (int t = t_begin; t < t_end; ++t) {
     cp_async_wait<Cfg::kStages - 2>();
@@ -473,16 +532,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
 
     tc.is_prefix = t < w.prefix_tiles;
     tc.key_base = tc.is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
-    tc.scale_log2 = p.sm_scale * kLog2e * (tc.is_prefix ? p.k_scale : 1.f);
-    tc.p_scale = tc.is_prefix ? p.v_scale : 1.f;
     const uint32_t tile_base = stage_base + ((t - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
     if (h == 0) {
-      process_tile<Cfg, 0>(st, tile_base, exchange, g, lane, tc, query_of_row, row_valid);
+      process_tile<Cfg, 0>(st, tile_base, g, lane, lo, tc, p);
     } else if constexpr (Cfg::kCS > 1) {
-      if (h == 1) process_tile<Cfg, 1>(st, tile_base, exchange, g, lane, tc, query_of_row, row_valid);
+      if (h == 1) process_tile<Cfg, 1>(st, tile_base, g, lane, lo, tc, p);
       if constexpr (Cfg::kCS > 2) {
-        if (h == 2) process_tile<Cfg, 2>(st, tile_base, exchange, g, lane, tc, query_of_row, row_valid);
-        if (h == 3) process_tile<Cfg, 3>(st, tile_base, exchange, g, lane, tc, query_of_row, row_valid);
+        if (h == 2) process_tile<Cfg, 2>(st, tile_base, g, lane, lo, tc, p);
+        if (h == 3) process_tile<Cfg, 3>(st, tile_base, g, lane, lo, tc, p);
       }
     }
   }

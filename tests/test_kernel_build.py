@@ -1,0 +1,81 @@
+"""The kernel library builds on a CPU machine (nvcc only) for sm_90 and sm_120, with no register
+spills on sm_120, the shared memory within sm_120's limit (a static_assert in the source), and a
+C ABI that matches kdtree_backend/abi.py. Runs in CI; skipped where nvcc is absent."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from kdtree_backend import abi, build
+
+pytestmark = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not on PATH")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lib") / abi.LIB_FILENAME
+    return build.build(out, check=True)
+
+
+def test_both_archs_in_the_fat_binary(report):
+    assert report.archs == (90, 120)
+    archs = build.elf_archs(report.path)
+    if archs is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to list the fat binary")
+    assert {90, 120} <= set(archs)
+
+
+def test_no_spills_on_sm120_and_every_kernel_reported(report):
+    kernels = {(r.arch, "verify_attention" in r.kernel) for r in report.resources}
+    assert {(90, True), (120, True), (90, False), (120, False)} <= kernels
+    assert report.problems() == []
+    sm120 = [r for r in report.resources if r.arch == 120]
+    assert all(r.spill_loads == r.spill_stores == r.stack_bytes == 0 for r in sm120)
+
+
+def test_c_abi_matches_python_mirror(report):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    assert lib.kdtree_abi_version() == abi.ABI_VERSION
+    assert lib.kdtree_built_archs().decode() == "90,120"
+    # kdtree_api.cu static_asserts the same sizes on the C side.
+    assert ctypes.sizeof(abi.VerifyParams) == 184
+    assert ctypes.sizeof(abi.VerifyPlan) == 24
+    for name in abi.REQUIRED_SYMBOLS:
+        assert hasattr(lib, name)
+
+
+def test_plan_is_host_only_and_covers_the_gpu(report):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    plan = abi.VerifyPlan()
+    # One request, Kimi K2 at TP8 (H=8, 16 drafts): 2 row tiles, split so ~every SM has work.
+    assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
+    assert plan.rows_per_tile == 64 and plan.row_tiles == 2
+    assert plan.row_tiles * plan.num_splits <= 132 < plan.row_tiles * (plan.num_splits + 1)
+    assert plan.workspace_bytes == 1 * plan.num_splits * 2 * 64 * (512 + 1) * 4
+    # A batch that already fills the GPU is not split and needs no workspace.
+    assert lib.kdtree_verify_plan(32, 16, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
+    assert plan.num_splits == 1 and plan.workspace_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [((0, 8, 16, 132, 0), "batch 0"), ((1, 0, 16, 132, 0), "num_heads 0"), ((1, 8, 0, 132, 0), "max_qo_len 0"),
+     ((1, 8, 16, 132, 7), "configuration 7")],
+)
+def test_bad_plan_arguments_are_named(report, args, needle):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    rc = lib.kdtree_verify_plan(*args, ctypes.byref(abi.VerifyPlan()))
+    assert rc != 0
+    assert needle in lib.kdtree_error_string(rc).decode()
+
+
+def test_run_rejects_null_pointers_before_touching_the_gpu(report):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    params = abi.VerifyParams()
+    rc = lib.kdtree_verify_run(ctypes.byref(params), None)
+    assert rc != 0 and "NULL" in lib.kdtree_error_string(rc).decode()
