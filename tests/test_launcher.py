@@ -289,3 +289,20 @@ def test_sd_notify_is_a_noop_without_socket(monkeypatch):
     assert sdnotify.notify("READY=1") is False
     with pytest.raises(sdnotify.NotifyError):
         sdnotify.notify("READY=1", {"NOTIFY_SOCKET": "/nonexistent/dir/notify.sock"})
+
+
+def test_configuration_error_inside_sglang_exits_78(tmp_path):
+    """A scheduler stopping on a kdtree configuration error must not be restarted in a loop."""
+    ns = NotifySocket(tmp_path)
+    try:
+        proc, _ = start(tmp_path, FAKE_MODE="configerror", FAKE_AFTER="0.2", NOTIFY_SOCKET=ns.env_value)
+        rc, _, err = finish(proc)
+        assert rc == 78, err
+        lines = err.strip().splitlines()
+        assert lines[-1] == ("kdtree-backend: the kernel library was not built for GPU 0 (sm_80); it holds sm_90. "
+                             "Fix: rebuild with `python -m kdtree_backend.build` on this machine, or set "
+                             "KDTREE_VERIFY=off.")
+        assert "on a configuration error; exiting 78:" in lines[-2]
+        assert any("STATUS=failed: configuration error: kdtree-backend: the kernel library" in m for m in ns.drain())
+    finally:
+        ns.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,7 @@ __all__ = [
 PREFIX = "kdtree launcher"
 EXIT_DEADLINE = 124  # like timeout(1): the server did not become healthy before the deadline
 EXIT_UNEXPECTED_ZERO = 1  # the child exited 0 although nobody asked it to stop
+EXIT_CONFIG = 78  # a kdtree configuration error reported by an SGLang process (EX_CONFIG)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -125,8 +127,13 @@ class OutputTail:
     pipes are always drained, even when our own stdout is gone, so the child never blocks.
     """
 
+    # A configuration error printed by the plugin inside an SGLang process (errors.fail_fast):
+    # "kdtree-backend: <cause>. Fix: <fix>." It may scroll out of the tail, so it is kept apart.
+    CONFIG_ERROR = re.compile(rb"kdtree-backend: .+\. Fix: .+")
+
     def __init__(self, max_lines: int = 40):
         self.max_lines = max(1, max_lines)
+        self.config_error: Optional[str] = None
         self._lines: Deque[bytes] = collections.deque(maxlen=self.max_lines)
         self._partial = {}  # stream name -> bytes of an unfinished line
         self._lock = threading.Lock()
@@ -167,6 +174,10 @@ class OutputTail:
             rest = parts.pop()
             for line in parts:
                 self._lines.append(line)
+                if self.config_error is None and b"kdtree-backend: " in line:
+                    m = self.CONFIG_ERROR.search(line)
+                    if m:
+                        self.config_error = m.group(0).rstrip(b"\r").decode("utf-8", "replace")
             if rest:
                 if final or len(rest) > 65536:
                     self._lines.append(rest)
@@ -445,11 +456,28 @@ class Supervisor:
         phase = "while serving" if self.ready else "during start-up"
         code = exit_code_for_death(rc)
         self.print_tail(f"SGLang (pid {self.child.pid}) {describe_returncode(rc)} {phase}")
-        self.say(f"error: SGLang {describe_returncode(rc)} {phase} after {elapsed:.1f} s (its output is above); "
-                 f"exiting {code}")
-        self.notify(f"STATUS=failed: SGLang {describe_returncode(rc)} {phase}")
+        config_error = self.tail.config_error
+        if config_error is not None:
+            # One of SGLang's processes stopped on a kdtree configuration error (e.g. the GPU
+            # arch check in a scheduler): exit 78 so systemd does not restart it in a loop.
+            code = EXIT_CONFIG
+            self.say(f"error: SGLang {describe_returncode(rc)} {phase} after {elapsed:.1f} s on a configuration "
+                     f"error; exiting {code}:")
+            self._write_line(config_error)
+            self.notify(f"STATUS=failed: configuration error: {config_error[:200]}")
+        else:
+            self.say(f"error: SGLang {describe_returncode(rc)} {phase} after {elapsed:.1f} s (its output is above); "
+                     f"exiting {code}")
+            self.notify(f"STATUS=failed: SGLang {describe_returncode(rc)} {phase}")
         self._reap_leftovers()
         return code
+
+    def _write_line(self, line: str) -> None:
+        try:
+            self.log.write(line + "\n")
+            self.log.flush()
+        except (OSError, ValueError):
+            pass
 
     def _deadline(self, elapsed: float, last_detail: str) -> int:
         self.print_tail(f"SGLang (pid {self.child.pid}) did not become healthy")

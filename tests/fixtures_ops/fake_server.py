@@ -7,6 +7,8 @@ FAKE_MODE says, after FAKE_AFTER seconds (default 1):
   hang     serve 503 forever (never healthy)
   exit0    exit 0 while loading (an engine death that reports success)
   sigkill  kill itself with SIGKILL
+  configerror  print the plugin's one-line configuration error (as a scheduler's fail_fast does),
+           then 60 lines of other output, then exit 1
 FAKE_RECORD=<file>: a JSON record of argv, whether NOTIFY_SOCKET was visible, and the signal that
 stopped it (written at start and again on SIGTERM/SIGINT).
 FAKE_PIDFILE=<file>: the pid, written at start.
@@ -90,6 +92,13 @@ if MODE == "crash":
 elif MODE == "exit0":
     print("fake server: engine core exited cleanly (but nobody asked)", flush=True)
     sys.exit(0)
+elif MODE == "configerror":
+    print("kdtree-backend: the kernel library was not built for GPU 0 (sm_80); it holds sm_90. "
+          "Fix: rebuild with `python -m kdtree_backend.build` on this machine, or set KDTREE_VERIFY=off.",
+          file=sys.stderr, flush=True)
+    for i in range(60):
+        print(f"fake server: Scheduler hit an exception ... line {i}", file=sys.stderr, flush=True)
+    sys.exit(1)
 elif MODE == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 else:
