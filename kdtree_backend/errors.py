@@ -61,17 +61,23 @@ class KdtreeLibraryError(KdtreeConfigError):
         super().__init__(cause, fix)
 
 
+def as_config_error(err: BaseException) -> KdtreeConfigError:
+    """`err` itself when it is a KdtreeConfigError, else one that names it (an unexpected bug)."""
+    if isinstance(err, KdtreeConfigError):
+        return err
+    return KdtreeConfigError(
+        f"unexpected {type(err).__name__} while setting up the kdtree verify kernel: {err}",
+        "report this as a bug with the full log; set KDTREE_VERIFY=off to serve without the kernel",
+    )
+
+
 def fail_fast(err: BaseException) -> NoReturn:
     """Print one line naming cause and fix to stderr, then stop the process with `err.exit_code`.
 
     Raises SystemExit (a BaseException), so `except Exception` blocks — SGLang's plugin loader,
     its scheduler's main loop — cannot swallow it.
     """
-    if not isinstance(err, KdtreeConfigError):
-        err = KdtreeConfigError(
-            f"unexpected {type(err).__name__} while setting up the kdtree verify kernel: {err}",
-            "report this as a bug with the full log; set KDTREE_VERIFY=off to serve without the kernel",
-        )
+    err = as_config_error(err)
     try:
         sys.stderr.write(str(err) + "\n")
         sys.stderr.flush()

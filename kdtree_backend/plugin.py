@@ -23,7 +23,7 @@ import importlib.metadata
 import logging
 import os
 import sys
-from typing import Mapping, Optional
+from typing import Mapping, NoReturn, Optional
 
 import kdtree_backend
 from kdtree_backend.config import (
@@ -34,7 +34,7 @@ from kdtree_backend.config import (
     allow_unsupported_sglang,
     read_mode,
 )
-from kdtree_backend.errors import KdtreeConfigError, fail_fast
+from kdtree_backend.errors import KdtreeConfigError, as_config_error, fail_fast
 
 logger = logging.getLogger("kdtree_backend.plugin")
 
@@ -55,6 +55,11 @@ _armed_mode: Optional[Mode] = None
 # registry (target already patched): the guard logs that once, loudly.
 _applied_counts: dict = {}
 _late_hooks_reported = False
+# The error register() stopped the process with. Kept so that, should some caller ever swallow
+# that SystemExit (a future load_plugins() catching BaseException), the guard re-raises it when
+# the first backend is built.
+_failure: Optional[KdtreeConfigError] = None
+_guard_registered = False
 
 
 # --- checks shared by register() and the launcher's preflight --------------------------------
@@ -160,6 +165,8 @@ def wraps_init_guard(fn) -> bool:
 
 def _backend_init_guard(original_fn, self, *args, **kwargs):
     """AROUND hook on TritonAttnBackend.__init__: refuse to build a backend that is not ours."""
+    if _failure is not None:
+        fail_fast(_failure)
     if _armed_mode is not None and not wraps_kdtree_hook(getattr(type(self), "forward_extend", None)):
         fail_fast(KdtreeConfigError(
             f"{ENV_MODE}={_armed_mode.value} but {type(self).__module__}.{type(self).__qualname__}"
@@ -210,7 +217,7 @@ def _install_hooks() -> None:
     from kdtree_backend.hook import forward_extend_hook
 
     HookRegistry.register(TARGET, forward_extend_hook, HookType.AROUND)
-    HookRegistry.register(GUARD_TARGET, _backend_init_guard, HookType.AROUND)
+    _register_guard()
 
     capture = _CaptureErrors()
     registry_logger = logging.getLogger("sglang.srt.plugins.hook_registry")
@@ -239,6 +246,16 @@ def _install_hooks() -> None:
         )
 
 
+def _register_guard() -> None:
+    global _guard_registered
+    if _guard_registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(GUARD_TARGET, _backend_init_guard, HookType.AROUND)
+    _guard_registered = True
+
+
 def _startup_line(text: str) -> None:
     """One start-up line per process, visible even before SGLang configures logging."""
     if logger.hasHandlers():
@@ -251,13 +268,32 @@ def _startup_line(text: str) -> None:
             pass
 
 
+def _fail(err: BaseException) -> NoReturn:
+    """Stop the process (fail_fast), remembering why for the guard.
+
+    Under load_plugins() the registry is already imported: the guard is registered too, so that if
+    a caller ever swallowed the SystemExit (say a future load_plugins() catching BaseException
+    before its own apply_hooks()), the first TritonAttnBackend built re-raises this error instead
+    of serving stock Triton.
+    """
+    global _armed_mode, _failure
+    _armed_mode = None
+    _failure = as_config_error(err)
+    if "sglang.srt.plugins.hook_registry" in sys.modules:
+        try:
+            _register_guard()
+        except Exception:
+            pass
+    fail_fast(_failure)
+
+
 def register() -> None:
     """The entry point SGLang's `load_plugins()` runs in every process. See module docstring."""
     global _armed_mode
     try:
         mode = read_mode()
     except KdtreeConfigError as err:
-        fail_fast(err)
+        _fail(err)
     if mode is Mode.OFF:
         _startup_line(
             f"kdtree-backend {kdtree_backend.__version__}: {ENV_MODE}=off, hook not installed (pid {os.getpid()})"
@@ -272,12 +308,8 @@ def register() -> None:
         lib = loader.get_library()
         _armed_mode = mode
         _install_hooks()
-    except KdtreeConfigError as err:
-        _armed_mode = None
-        fail_fast(err)
-    except Exception as err:  # anything else would be swallowed by load_plugins(): stop here
-        _armed_mode = None
-        fail_fast(err)
+    except Exception as err:  # anything would be swallowed by load_plugins(): stop here
+        _fail(err)
     _startup_line(
         f"kdtree-backend {kdtree_backend.__version__}: {ENV_MODE}={mode.value}, hook installed on "
         f"{TARGET} (sglang {version}; kernel library {lib.path}, version {lib.version or '?'}, "

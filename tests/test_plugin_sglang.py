@@ -198,6 +198,20 @@ _SCHEDULER = textwrap.dedent(
         print("PARENT: " + str(err), flush=True)
     proc.join(30)
     print("CHILD EXIT %s" % proc.exitcode, flush=True)
+
+    # Defence in depth: were the SystemExit ever swallowed (a future load_plugins() catching
+    # BaseException, then applying the hooks as it does today), the guard registered on the way
+    # out stops the first backend construction with the same error.
+    from kdtree_backend import plugin
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    try:
+        plugin.register()
+    except SystemExit as exc:
+        print("SWALLOWED SystemExit(%s)" % exc.code, flush=True)
+    HookRegistry.apply_hooks()
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    TritonAttnBackend(None)
+    print("BACKEND BUILT", flush=True)
     """
 )
 
@@ -205,10 +219,14 @@ _SCHEDULER = textwrap.dedent(
 def test_broken_library_stops_a_scheduler_process(fake_libs):
     env = clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(fake_libs.missing_symbol))
     proc = run_python(_SCHEDULER, env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "CHILD EXIT 78" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
     assert "scheduler died during initialization (exit code: 78)" in proc.stdout
     assert "lacks the symbol(s) kdtree_verify_run" in proc.stderr
+    # the swallowed-exit simulation
+    assert "SWALLOWED SystemExit(78)" in proc.stdout
+    assert "BACKEND BUILT" not in proc.stdout
+    assert proc.returncode == 78, proc.stderr[-3000:]
+    assert "lacks the symbol(s) kdtree_verify_run" in proc.stderr.strip().splitlines()[-1]
 
 
 def test_broken_library_stops_plain_sglang_launch_server(fake_libs, tmp_path):
