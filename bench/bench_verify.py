@@ -287,7 +287,9 @@ def _commit(explicit):
 def _environment(torch, commit):
     import importlib.metadata as md
 
-    env = {"commit": commit, "python": platform.python_version(), "torch": torch.__version__}
+    env = {"commit": commit, "python": platform.python_version(), "torch": torch.__version__,
+           # kernel knobs (KDTREE_KERNEL_CONFIG, KDTREE_NUM_SPLITS, ...) change what "ours" is
+           "kdtree_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KDTREE_")}}
     try:
         import triton
 
