@@ -4,12 +4,12 @@
 Run on the H200 (about a minute; needs the library: `python -m kdtree_backend.build` first, or the
 fixture below builds it):
 
-    python -m pytest -q tests/gpu/test_kernel_gpu.py
+    python3 -m pytest -q tests/gpu/test_kernel_gpu.py
 
 Sanitizer-sized run (a handful of tiny cases, no Triton, trailing kv_indices garbage that faults
 if ever dereferenced):
 
-    KDTREE_TEST_SMALL=1 compute-sanitizer --tool memcheck python -m pytest -q -x -p no:cacheprovider \
+    KDTREE_TEST_SMALL=1 compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \
         tests/gpu/test_kernel_gpu.py
 
 Every check draws fresh random inputs (never zeros), poisons the output with NaN before the call,
