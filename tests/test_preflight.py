@@ -244,3 +244,19 @@ def test_on_mode_with_a_backend_that_never_reaches_the_kernel_is_refused(tmp_pat
     assert proc.returncode == 0, proc.stderr
     out = json.loads(result.read_text())
     assert out["status"] == "ok" and out["warnings"] == [], out
+
+
+@pytest.mark.timeout(180)
+def test_values_sglang_silently_replaces_are_warned_about(tmp_path):
+    result = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kdtree_backend.launcher.preflight", "--result", str(result), "--mode", "off",
+         "--", *BASE, "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "8"],
+        env=env_for(tmp_path), capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(result.read_text())
+    assert out["warnings"] == [
+        "warning: SGLang replaced --speculative-num-draft-tokens 8 by 4 while resolving the arguments. "
+        "Fix: pass --speculative-num-draft-tokens 4 explicitly, or change the options that force it."
+    ]

@@ -18,6 +18,8 @@ What it does, in order:
    `AssertionError` or a `ValueError` becomes one line naming the options and the fix.
 6. With validate/on: the resolved attention backend must be triton (else the kernel would never
    run: refused); no speculative algorithm is warned about (the kernel would stay idle).
+7. A value given explicitly that resolution replaced (`--speculative-eagle-topk 1` rewrites the
+   draft-token count) is warned about.
 
 The outcome is a JSON file the launcher reads (status ok / help / error, the line, warnings, the
 host and port to probe). Exit codes: 0 ok or help, 78 configuration error, 70 internal error.
@@ -344,7 +346,38 @@ def run_preflight(argv: Sequence[str], mode: str) -> Outcome:
     # 6. would the kernel ever run? It replaces TritonAttnBackend.forward_extend in TARGET_VERIFY.
     if mode in ("validate", "on"):
         check_kernel_reachable(sa, mode, out)
+    # 7. values the operator gave that SGLang's resolution silently replaced
+    warn_overridden(sa, out)
     return out
+
+
+# Fields whose explicit value SGLang's resolution may replace with only a log line (e.g.
+# `--speculative-eagle-topk 1` forces num-draft-tokens to num-steps + 1).
+WATCHED_FIELDS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
+                  "attention_backend", "prefill_attention_backend", "decode_attention_backend")
+
+
+def warn_overridden(sa, out: Outcome) -> None:
+    try:
+        from sglang.srt.arg_groups.model_override_base import resolved_view
+
+        rv = resolved_view(sa)
+    except Exception:
+        return
+    for name in WATCHED_FIELDS:
+        given = getattr(sa, name, None)
+        if given is None:
+            continue
+        try:
+            resolved = getattr(rv, name)
+        except Exception:
+            continue
+        if resolved != given:
+            flag = "--" + name.replace("_", "-")
+            out.warnings.append(
+                f"warning: SGLang replaced {flag} {given} by {resolved} while resolving the arguments. "
+                f"Fix: pass {flag} {resolved} explicitly, or change the options that force it."
+            )
 
 
 def check_kernel_reachable(sa, mode: str, out: Outcome) -> None:
