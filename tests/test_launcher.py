@@ -119,13 +119,13 @@ def finish(proc, timeout=15):
 
 
 def test_crash_during_loading_is_reported_within_3s_with_traceback(tmp_path):
-    t0 = time.monotonic()
     proc, _ = start(tmp_path, FAKE_MODE="crash", FAKE_AFTER="1.0")
     rc, out, err = finish(proc)
-    elapsed = time.monotonic() - t0
+    exited_at = time.time()
     assert rc == 1, err
-    # crash at ~1.0 s after the fake starts; detected and exited well inside 3 s of it
-    assert elapsed < 1.0 + 3.0, elapsed
+    # from the crash (stamped by the fake just before it raises) to the launcher's exit: < 3 s
+    detection = exited_at - record(tmp_path)["crash_at"]
+    assert 0 < detection < 3.0, detection
     assert "RuntimeError: fake crash during load: CUDA error: out of memory (layer 17)" in err
     assert "in load_weights" in err  # the traceback itself, repeated in the tail
     last = err.strip().splitlines()[-1]

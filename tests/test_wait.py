@@ -6,6 +6,7 @@ so the tests do not depend on the package's scripts being installed.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -64,12 +65,15 @@ def test_healthy_process(tmp_path):
 
 
 def test_dead_process_is_reported_at_once_with_log_tail(tmp_path):
-    fake, port = start_fake(tmp_path, "crash", after="1.0")
+    rec = tmp_path / "record.json"
+    fake, port = start_fake(tmp_path, "crash", after="1.0", FAKE_RECORD=str(rec))
     try:
-        proc, elapsed = wait_cmd(url(port), "--pid", str(fake.pid), "--log", str(tmp_path / "server.log"),
-                                 "--interval", "0.2")
+        proc, _ = wait_cmd(url(port), "--pid", str(fake.pid), "--log", str(tmp_path / "server.log"),
+                           "--interval", "0.2")
+        exited_at = time.time()
         assert proc.returncode == 1, proc.stderr
-        assert elapsed < 1.0 + 3.0
+        detection = exited_at - json.loads(rec.read_text())["crash_at"]
+        assert 0 < detection < 3.0, detection
         assert f"last" in proc.stderr and "RuntimeError: fake crash during load" in proc.stderr
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith(f"kdtree-wait: error: pid {fake.pid} has exited")

@@ -85,6 +85,9 @@ if MODE in ("healthy", "hang"):
 
 time.sleep(AFTER)
 if MODE == "crash":
+    state["crash_at"] = time.time()  # wall clock: the test measures detection from here
+    write_record()
+
     def load_weights():
         raise RuntimeError("fake crash during load: CUDA error: out of memory (layer 17)")
 
