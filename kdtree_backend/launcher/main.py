@@ -243,13 +243,27 @@ def _package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(kdtree_backend.__file__)))
 
 
+def _in_site_packages(path: str) -> bool:
+    """True when `path` is a site-packages directory (never put one before the stdlib)."""
+    import site
+
+    dirs = list(getattr(site, "getsitepackages", lambda: [])())
+    try:
+        dirs.append(site.getusersitepackages())
+    except Exception:
+        pass
+    real = os.path.realpath(path)
+    return any(os.path.realpath(d) == real for d in dirs)
+
+
 def run_arg_preflight(sglang_args: Sequence[str], mode: str, environ: Mapping[str, str], timeout: float) -> dict:
     """Run preflight.py in a subprocess; returns its outcome dict (status ok | help | error)."""
     env = dict(environ)
     env["KDTREE_VERIFY"] = "off"  # the launcher already checked mode and library; keep the preflight light
     env.pop("NOTIFY_SOCKET", None)
     root = _package_root()
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if not _in_site_packages(root):  # a checkout run as `python launch_with_kdtree.py`, or editable
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     with tempfile.TemporaryDirectory(prefix="kdtree-preflight-") as tmp:
         result_path = os.path.join(tmp, "result.json")
         log_path = os.path.join(tmp, "output.log")

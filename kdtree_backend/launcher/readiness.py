@@ -466,7 +466,8 @@ class Supervisor:
             self._write_line(config_error)
             self.notify(f"STATUS=failed: configuration error: {config_error[:200]}")
         else:
-            self.say(f"error: SGLang {describe_returncode(rc)} {phase} after {elapsed:.1f} s (its output is above); "
+            where = "its output is above" if self.tail.lines() else "it printed nothing"
+            self.say(f"error: SGLang {describe_returncode(rc)} {phase} after {elapsed:.1f} s ({where}); "
                      f"exiting {code}")
             self.notify(f"STATUS=failed: SGLang {describe_returncode(rc)} {phase}")
         self._reap_leftovers()
