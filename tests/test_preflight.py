@@ -260,3 +260,14 @@ def test_values_sglang_silently_replaces_are_warned_about(tmp_path):
         "warning: SGLang replaced --speculative-num-draft-tokens 8 by 4 while resolving the arguments. "
         "Fix: pass --speculative-num-draft-tokens 4 explicitly, or change the options that force it."
     ]
+
+
+def test_broken_library_fails_in_seconds_with_one_line(tmp_path):
+    lib = tmp_path / "libkdtree_verify.so"
+    lib.write_bytes(b"this is not an ELF file\n")
+    proc, elapsed = launch(tmp_path, ["--model-path", "x"], KDTREE_VERIFY="validate", KDTREE_LIB=str(lib))
+    assert proc.returncode == 78, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(lib) in lines[0] and "Fix: " in lines[0], proc.stderr
+    assert elapsed < 5
+    assert not (tmp_path / "record.json").exists()
