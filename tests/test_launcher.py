@@ -273,13 +273,21 @@ def test_validate_without_metrics_refused_even_without_preflight(tmp_path, monke
 
 
 def test_health_url_derivation():
-    from kdtree_backend.launcher.main import health_url_for, _light_host_port
+    from kdtree_backend.launcher.main import LaunchConfigError, derive_health_url, health_url_for, light_address_args
 
     assert health_url_for(None, None) == "http://127.0.0.1:30000/health_generate"
     assert health_url_for("0.0.0.0", 8000) == "http://127.0.0.1:8000/health_generate"
     assert health_url_for("::", 8000) == "http://[::1]:8000/health_generate"
-    assert health_url_for("10.0.0.5", 1) == "http://10.0.0.5:1/health_generate"
-    assert _light_host_port(["--host", "0.0.0.0", "--port=31000"]) == ("0.0.0.0", 31000)
+    assert health_url_for("10.0.0.5", 1, ssl=True) == "https://10.0.0.5:1/health_generate"
+    addr = light_address_args(["--host", "0.0.0.0", "--port=31000", "--ssl-keyfile", "k.pem"])
+    assert addr == {"host": "0.0.0.0", "port": 31000, "ssl_keyfile": "k.pem"}
+    assert derive_health_url(addr) == ("https://127.0.0.1:31000/health_generate", None)
+    # node rank >= 1 runs no HTTP server: wait for rank 0 (the --dist-init-addr host)
+    url, note = derive_health_url(light_address_args(["--node-rank", "1", "--nnodes", "2",
+                                                      "--dist-init-addr", "10.0.0.7:5000", "--port", "30000"]))
+    assert url == "http://10.0.0.7:30000/health_generate" and "node rank 1 runs no HTTP server" in note
+    with pytest.raises(LaunchConfigError, match="KDTREE_HEALTH_URL"):
+        derive_health_url({"node_rank": 2})
 
 
 def test_sd_notify_is_a_noop_without_socket(monkeypatch):

@@ -301,28 +301,37 @@ def run_arg_preflight(sglang_args: Sequence[str], mode: str, environ: Mapping[st
     return outcome
 
 
-def _light_host_port(sglang_args: Sequence[str]) -> Tuple[Optional[str], Optional[int]]:
-    host = port = None
+# The SGLang arguments that decide where the server answers; read by SGLang's own parser in the
+# preflight, or by this light scan when the preflight is switched off.
+ADDRESS_FLAGS = {"--host": "host", "--port": "port", "--node-rank": "node_rank",
+                 "--dist-init-addr": "dist_init_addr", "--ssl-keyfile": "ssl_keyfile"}
+
+
+def light_address_args(sglang_args: Sequence[str]) -> Dict[str, object]:
+    found: Dict[str, object] = {}
     it = list(sglang_args)
     for i, tok in enumerate(it):
-        for name in ("--host", "--port"):
-            val = None
-            if tok == name and i + 1 < len(it):
-                val = it[i + 1]
-            elif tok.startswith(name + "="):
-                val = tok.split("=", 1)[1]
-            if val is not None:
-                if name == "--host":
-                    host = val
-                else:
-                    try:
-                        port = int(val)
-                    except ValueError:
-                        pass
-    return host, port
+        if tok == "--":
+            break
+        name, eq, val = tok.partition("=")
+        key = ADDRESS_FLAGS.get(name)
+        if key is None:
+            continue
+        if not eq:
+            if i + 1 >= len(it):
+                continue
+            val = it[i + 1]
+        if key in ("port", "node_rank"):
+            try:
+                found[key] = int(val)
+            except ValueError:
+                continue
+        else:
+            found[key] = val
+    return found
 
 
-def health_url_for(host: Optional[str], port: Optional[int]) -> str:
+def _url_host(host: Optional[str]) -> str:
     host = host or "127.0.0.1"
     if host in ("0.0.0.0", "", "*"):
         host = "127.0.0.1"
@@ -330,7 +339,36 @@ def health_url_for(host: Optional[str], port: Optional[int]) -> str:
         host = "::1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{port or 30000}/health_generate"
+    return host
+
+
+def health_url_for(host: Optional[str], port: Optional[int], ssl: bool = False) -> str:
+    scheme = "https" if ssl else "http"
+    return f"{scheme}://{_url_host(host)}:{port or 30000}/health_generate"
+
+
+def derive_health_url(addr: Mapping[str, object]) -> Tuple[str, Optional[str]]:
+    """(URL, note) from SGLang's address arguments. Raises LaunchConfigError when there is none.
+
+    Node rank >= 1 of a multi-node server runs no HTTP server (SGLang's rank 0 does): such a node is
+    ready when the whole server answers, on rank 0's host (the host of --dist-init-addr).
+    """
+    ssl = bool(addr.get("ssl_keyfile"))
+    port = addr.get("port")
+    node_rank = int(addr.get("node_rank") or 0)
+    if node_rank >= 1:
+        dist = str(addr.get("dist_init_addr") or "")
+        host = dist.rsplit(":", 1)[0].strip("[]") if ":" in dist else dist
+        if not host:
+            raise LaunchConfigError(
+                f"--node-rank {node_rank} runs no HTTP server (only node rank 0 does), and there is no "
+                f"--dist-init-addr to find rank 0's host",
+                "set KDTREE_HEALTH_URL (or --kdtree-health-url) to rank 0's http://<host>:<port>/health_generate",
+            )
+        url = health_url_for(host, port, ssl)
+        return url, (f"node rank {node_rank} runs no HTTP server: waiting for the whole server on rank 0 "
+                     f"({url}; set KDTREE_HEALTH_URL to change)")
+    return health_url_for(addr.get("host"), port, ssl), None
 
 
 def child_command(sglang_args: Sequence[str], environ: Mapping[str, str]) -> List[str]:
@@ -383,7 +421,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
         return int(outcome.get("exit_code") or EX_SOFTWARE)
 
     # 4: SGLang's parser and resolution
-    host, port = _light_host_port(sglang_args)
+    addr = light_address_args(sglang_args)
     if values["arg_preflight"]:
         outcome = run_arg_preflight(sglang_args, mode, environ, values["preflight_timeout"])
         for w in outcome.get("warnings", []):
@@ -393,8 +431,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
                 sys.stderr.write(outcome["details"])
             say_error(KdtreeConfigError(outcome.get("cause", "?"), outcome.get("fix", "?")))
             return int(outcome.get("exit_code") or EX_SOFTWARE)
-        host = outcome.get("host") or host
-        port = outcome.get("port") or port
+        addr = {**addr, **{k: v for k, v in (outcome.get("address") or {}).items() if v is not None}}
         say(f"preflight passed: KDTREE_VERIFY={mode}, SGLang arguments parsed and resolved")
     else:
         say("warning: SGLang argument preflight skipped (KDTREE_ARG_PREFLIGHT=0 / --kdtree-no-arg-preflight); "
@@ -407,8 +444,17 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
             return EX_CONFIG
 
     # 5: the watched child
+    health_url = values["health_url"]
+    if not health_url:
+        try:
+            health_url, note = derive_health_url(addr)
+        except LaunchConfigError as err:
+            say_error(err)
+            return EX_CONFIG
+        if note:
+            say(note)
     cfg = readiness.WatchConfig(
-        health_url=values["health_url"] or health_url_for(host, port),
+        health_url=health_url,
         start_timeout=values["start_timeout"],
         probe_interval=values["probe_interval"],
         probe_timeout=values["probe_timeout"],

@@ -77,8 +77,7 @@ class Outcome:
     exit_code: int = 0
     warnings: List[str] = field(default_factory=list)
     help_text: str = ""
-    host: Optional[str] = None
-    port: Optional[int] = None
+    address: Dict[str, object] = field(default_factory=dict)  # host, port, node_rank, dist_init_addr, ssl_keyfile
     enable_metrics: Optional[bool] = None
     details: str = ""  # a traceback, only for errors we could not classify
 
@@ -325,8 +324,7 @@ def run_preflight(argv: Sequence[str], mode: str) -> Outcome:
         raise PreflightError(f"SGLang's argument parser rejected the arguments: {_argparse_error(stderr.getvalue())}",
                              "correct that argument (the launcher's --help lists SGLang's flags)")
 
-    out.host = getattr(sa, "host", None)
-    out.port = getattr(sa, "port", None)
+    out.address = {k: getattr(sa, k, None) for k in ("host", "port", "node_rank", "dist_init_addr", "ssl_keyfile")}
     out.enable_metrics = bool(getattr(sa, "enable_metrics", False))
 
     # 4. our own preconditions

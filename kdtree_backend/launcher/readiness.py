@@ -49,7 +49,19 @@ EXIT_CONFIG = 78  # a kdtree configuration error reported by an SGLang process (
 # ------------------------------------------------------------------------------------------------
 
 # No proxies: an http_proxy variable in a service environment must not route a loopback probe.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# https (SGLang's --ssl-keyfile): the probe checks our own server's liveness and sends nothing
+# secret, and a certificate rarely names 127.0.0.1, so it does not verify the certificate.
+def _unverified_context():
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                      urllib.request.HTTPSHandler(context=_unverified_context()))
 
 
 def probe(url: str, timeout: float) -> Tuple[bool, str]:
