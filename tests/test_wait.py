@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -74,7 +73,7 @@ def test_dead_process_is_reported_at_once_with_log_tail(tmp_path):
         assert proc.returncode == 1, proc.stderr
         detection = exited_at - json.loads(rec.read_text())["crash_at"]
         assert 0 < detection < 3.0, detection
-        assert f"last" in proc.stderr and "RuntimeError: fake crash during load" in proc.stderr
+        assert "last" in proc.stderr and "RuntimeError: fake crash during load" in proc.stderr
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith(f"kdtree-wait: error: pid {fake.pid} has exited")
         assert "last probe: connection refused" in last

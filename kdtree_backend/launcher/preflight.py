@@ -394,7 +394,7 @@ def check_kernel_reachable(sa, mode: str, out: Outcome) -> None:
         raise PreflightError(
             f"KDTREE_VERIFY={mode} replaces the attention of SGLang's Triton backend, but SGLang resolved the "
             f"attention backend to {prefill} (prefill) and {decode} (decode), so the kernel would never run",
-            f"add --attention-backend triton to the SGLang arguments (or set KDTREE_VERIFY=off)",
+            "add --attention-backend triton to the SGLang arguments (or set KDTREE_VERIFY=off)",
         )
     if prefill != decode:
         out.warnings.append(f"warning: attention backends differ ({prefill} prefill, {decode} decode); the kdtree "
