@@ -314,3 +314,41 @@ def test_configuration_error_inside_sglang_exits_78(tmp_path):
         assert any("STATUS=failed: configuration error: kdtree-backend: the kernel library" in m for m in ns.drain())
     finally:
         ns.close()
+
+
+def test_leftover_processes_holding_the_pipes_are_ended(tmp_path):
+    """Like SGLang's schedulers: a grandchild keeps the output pipes open (and ignores SIGTERM)."""
+    proc, _ = start(tmp_path, FAKE_MODE="crash", FAKE_AFTER="1.0", FAKE_GRANDCHILD="1")
+    rc, _, err = finish(proc)
+    exited_at = time.time()
+    rec = record(tmp_path)
+    assert rc == 1, err
+    assert exited_at - rec["crash_at"] < 3.0 + 2.0  # detection, then at most the 2 s SIGTERM grace
+    assert "RuntimeError: fake crash during load" in err
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not _running(rec["grandchild"]):
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(rec["grandchild"], signal.SIGKILL)
+        raise AssertionError("the grandchild survived the launcher")
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whatever reaps orphans here)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def test_sighup_stops_like_sigterm(tmp_path):
+    proc, _ = start(tmp_path, FAKE_MODE="hang")
+    record(tmp_path)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGHUP)
+    rc, _, err = finish(proc)
+    assert rc == 0, err
+    assert record(tmp_path)["signal"] == "SIGTERM"

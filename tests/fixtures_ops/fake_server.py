@@ -13,6 +13,8 @@ FAKE_RECORD=<file>: a JSON record of argv, whether NOTIFY_SOCKET was visible, an
 stopped it (written at start and again on SIGTERM/SIGINT).
 FAKE_PIDFILE=<file>: the pid, written at start.
 FAKE_IGNORE_TERM=1: ignore SIGTERM (tests the stop timeout / SIGKILL escalation).
+FAKE_GRANDCHILD=1: start a long-sleeping grandchild that inherits stdout/stderr (like SGLang's
+scheduler processes, it keeps the pipes open after the fake dies); its pid goes in the record.
 """
 import argparse
 import http.server
@@ -51,6 +53,13 @@ def on_signal(signum, _frame):
     print(f"fake server: got {state['signal']}, shutting down", flush=True)
     os._exit(0)
 
+
+if os.environ.get("FAKE_GRANDCHILD") == "1":
+    import subprocess
+
+    gc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                                                 "print('grandchild up', flush=True); time.sleep(600)"])
+    state["grandchild"] = gc.pid
 
 if os.environ.get("FAKE_PIDFILE"):
     with open(os.environ["FAKE_PIDFILE"], "w") as fh:
