@@ -182,9 +182,34 @@ def main():
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--small", action="store_true", help="small correctness cases only (for compute-sanitizer)")
+    ap.add_argument("--profile-shape", help="B,H,n,L: run the op a few times on one shape (for ncu) and exit")
+    ap.add_argument("--sweep-min-keys", action="store_true",
+                    help="time small-batch shapes for several KDTREE_MIN_KEYS_PER_SPLIT values and exit")
     ap.add_argument("--configs", default="0", help="kernel configurations to time, e.g. 0,1 (1 needs --experimental build)")
     args = ap.parse_args()
     t0 = time.time()
+    if args.profile_shape:
+        B, H, n, L = (int(x) for x in args.profile_shape.split(","))
+        a = make_batch(B, H, n, [L] * B, seed=3, pool_extra=L)
+        for _ in range(3):
+            verify_attention(**a)
+        torch.cuda.synchronize()
+        return 0
+    if args.sweep_min_keys:
+        from kdtree_backend import ops
+
+        for B, H, n, L in ((1, 8, 16, 1024), (1, 8, 16, 8192), (1, 8, 16, 32768), (1, 16, 64, 8192),
+                           (8, 8, 16, 1024), (1, 8, 8, 32768)):
+            a = make_batch(B, H, n, [L] * B, seed=5, pool_extra=L)
+            out = torch.empty(B * n, H * 512, dtype=torch.bfloat16, device="cuda")
+            row = []
+            for mk in (32, 64, 128, 256, 512, 1024):
+                os.environ["KDTREE_MIN_KEYS_PER_SPLIT"] = str(mk)
+                ops._plans.clear()
+                row.append(f"{mk}:{time_graph(lambda: verify_attention(**a, out=out)):.1f}")
+            print(f"min_keys sweep B={B} H={H} n={n} L={L}: " + "  ".join(row), flush=True)
+        os.environ.pop("KDTREE_MIN_KEYS_PER_SPLIT", None)
+        return 0
     ok, corr = correctness(args.small)
     configs = tuple(int(c) for c in args.configs.split(","))
     tim = [] if args.small else timings(not args.no_triton, configs)

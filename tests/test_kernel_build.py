@@ -52,7 +52,7 @@ def test_plan_is_host_only_and_covers_the_gpu(report):
     plan = abi.VerifyPlan()
     # One request, Kimi K2 at TP8 (H=8, 16 drafts): 2 row tiles, split so ~every SM has work.
     assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
-    assert plan.rows_per_tile == 64 and plan.row_tiles == 2
+    assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.min_keys_per_split == 64
     assert plan.row_tiles * plan.num_splits <= 132 < plan.row_tiles * (plan.num_splits + 1)
     assert plan.workspace_bytes == 1 * plan.num_splits * 2 * 64 * (512 + 1) * 4
     # A batch that already fills the GPU is not split and needs no workspace.

@@ -30,7 +30,9 @@ int fail(int code, const char* fmt, ...) {
 }
 
 constexpr int kMaxDevices = 64;
-constexpr int kDefaultMinKeysPerSplit = 128;
+// Measured on the H200 (docs/perf-notes.md): 32-128 tie for long prefixes, 64 is best at L=1k,
+// and 512+ starves small batches of CTAs.
+constexpr int kDefaultMinKeysPerSplit = 64;
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
