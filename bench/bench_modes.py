@@ -82,7 +82,7 @@ def _one(mod, original, mode, *, heads, bs, draft, prefix, kind, iters, sample_r
         step()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):  # same stream as the warm-ups, like SGLang
         step()
     sc.load([prefix] * bs)
 

@@ -25,6 +25,7 @@ default is `kdtree_backend.ops.verify_attention`, imported lazily.
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 from typing import Callable, Optional
@@ -227,7 +228,7 @@ class _KernelShim:
         layer_id = getattr(layer, "layer_id", -1)
         store = shadow.store_for(self.backend, st.settings, o.device)
         if store is None:
-            _fallback(st, "stats_unavailable", layer_id)
+            _fallback(st, "stats_unavailable", layer_id, self.backend, q)
             return
         ctrl = o.view(o.shape[0], -1)
         try:
@@ -265,9 +266,90 @@ class _override_kernel:
         return False
 
 
-def _fallback(state: _State, reason: str, layer_id) -> None:
+def _fallback(state: _State, reason: str, layer_id, backend=None, q=None) -> None:
     metrics.count_fallback(reason)
     logs.fallback(reason, mode=state.mode_name, layer_id=layer_id)
+    if backend is not None:
+        _record_capture(backend, q, ("fallback", reason))
+
+
+def _count_call(backend, q, mode: str, path: str) -> None:
+    metrics.count_call(mode, path)
+    _record_capture(backend, q, ("call", mode, path))
+
+
+# --- accounting of CUDA-graph replays -------------------------------------------------------------
+# A replay runs no Python of ours, so calls_total / fallbacks_total would stop at capture. During a
+# capture the hook records, per backend and captured batch size (T // max_extend_len), which
+# (call, mode, path) / (fallback, reason) events the graph contains; the per-instance wrapper of
+# init_forward_metadata_out_graph (SGLang's load_batch calls it before EVERY replay, with the
+# graph's padded batch size) adds them once per replay.
+def _record_capture(backend, q, key) -> None:
+    if q is None or not shadow.is_capturing():
+        return
+    md = getattr(backend, "forward_metadata", None)
+    d = getattr(md, "max_extend_len", None)
+    if not isinstance(d, int) or d <= 0:
+        return
+    table = backend.__dict__.setdefault("_kdtree_graph_events", {})
+    table.setdefault(int(q.shape[0]) // d, collections.Counter())[key] += 1
+
+
+def _account_replay(backend, forward_batch) -> None:
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None or not mode.is_target_verify():
+        return
+    events = backend.__dict__.get("_kdtree_graph_events", {}).get(getattr(forward_batch, "batch_size", None))
+    if not events:
+        return
+    m = metrics.get()
+    for key, n in events.items():
+        if key[0] == "call":
+            m.calls.labels(mode=key[1], path=key[2]).inc(n)
+        else:
+            m.fallbacks.labels(reason=key[1]).inc(n)
+
+
+def install_step_wrappers(backend, validate: bool) -> bool:
+    """Wrap THIS backend instance's `init_forward_metadata_out_graph` (replay accounting, and in
+    validate the host side of the stats ring) and `init_forward_metadata` (validate: host side),
+    so that both run once per step OUTSIDE any graph, also when every TARGET_VERIFY forward is a
+    CUDA-graph replay. Instance attributes shadow the class's methods; idempotent."""
+    if getattr(backend, "_kdtree_poll_installed", False):
+        return False
+
+    def _safe(fn, *a):
+        try:
+            fn(*a)
+        except Exception as exc:  # accounting/publishing must never break serving
+            logs.candidate_error(exc, mode="validate" if validate else "on", where=getattr(fn, "__name__", "?"))
+
+    out_graph = getattr(backend, "init_forward_metadata_out_graph", None)
+    if out_graph is not None:
+
+        def init_forward_metadata_out_graph(forward_batch, in_capture=False, *args, **kwargs):
+            result = out_graph(forward_batch, in_capture, *args, **kwargs)
+            if not in_capture and not shadow.is_capturing():
+                _safe(_account_replay, backend, forward_batch)
+                if validate:
+                    _safe(shadow.poll_all)
+            return result
+
+        init_forward_metadata_out_graph.__wrapped__ = out_graph
+        backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
+    eager = getattr(backend, "init_forward_metadata", None)
+    if validate and eager is not None:
+
+        def init_forward_metadata(*args, **kwargs):
+            result = eager(*args, **kwargs)
+            if not shadow.is_capturing():
+                _safe(shadow.poll_all)
+            return result
+
+        init_forward_metadata.__wrapped__ = eager
+        backend.init_forward_metadata = init_forward_metadata
+    backend._kdtree_poll_installed = True
+    return True
 
 
 # --- the hook -----------------------------------------------------------------------------------
@@ -284,37 +366,39 @@ def _forward_extend_hook(original_fn, self, q, k, v, layer, forward_batch, save_
         except Exception as exc:  # publishing must never break serving
             logs.candidate_error(exc, mode=mode, where="poll")
 
+    validate = mode == "validate"
+    fm = getattr(forward_batch, "forward_mode", None)
+    if fm is not None and fm.is_target_verify() and not getattr(self, "_kdtree_poll_installed", False):
+        install_step_wrappers(self, validate)
+
     reason = eligibility.check(self, layer, forward_batch, q, k, v, kwargs)
     if reason is not None:
-        _fallback(st, reason, getattr(layer, "layer_id", -1))
-        metrics.count_call(mode, "fallback")
+        _fallback(st, reason, getattr(layer, "layer_id", -1), self, q)
+        _count_call(self, q, mode, "fallback")
         return original_fn(self, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
 
-    validate = mode == "validate"
     sampled = st.sampler() if validate else False
-    if validate:
-        shadow.install_poll_wrappers(self)
     shim = _KernelShim(self, st, validate=validate, sampled=sampled)
     try:
         with _override_kernel(self, shim):
             out = original_fn(self, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
     except Exception as exc:
         if not validate and shim.called:
-            metrics.count_call(mode, "error")
+            _count_call(self, q, mode, "error")
             logs.candidate_error(exc, mode=mode, layer_id=getattr(layer, "layer_id", -1), shape=list(q.shape))
         raise
     if not shim.called:
         # The original took another branch (an eligibility gap): its output is Triton's.
-        _fallback(st, "kernel_not_reached", getattr(layer, "layer_id", -1))
+        _fallback(st, "kernel_not_reached", getattr(layer, "layer_id", -1), self, q)
         if not validate:
-            metrics.count_call(mode, "error")
+            _count_call(self, q, mode, "error")
             raise KdtreeHookError(
                 "KDTREE_VERIFY=on but TritonAttnBackend.forward_extend did not reach its kernel call "
                 "for an eligible TARGET_VERIFY batch (eligibility gap; report it)"
             )
-        metrics.count_call(mode, "fallback")
+        _count_call(self, q, mode, "fallback")
         return out
-    metrics.count_call(mode, ("shadow" if sampled else "shadow_unsampled") if validate else "kdtree")
+    _count_call(self, q, mode, ("shadow" if sampled else "shadow_unsampled") if validate else "kdtree")
     return out
 
 

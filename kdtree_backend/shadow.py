@@ -13,7 +13,8 @@ Design (docs/validate.md has the full argument):
 * Under CUDA-graph replay the Python hook does not run; the captured kernels still write the
   ring. The host side is `StatsStore.poll()`, called OUTSIDE the graph: from the hook's eager
   calls and from a per-instance wrapper of `init_forward_metadata_out_graph` /
-  `init_forward_metadata`, which SGLang calls before every replay / eager step. `poll()`
+  `init_forward_metadata` (`hook.install_step_wrappers`), which SGLang calls before every
+  replay / eager step. `poll()`
   (1) publishes the snapshots whose CUDA event has completed (`event.query()`, never a wait),
   then (2) at most every `POLL_INTERVAL_S` enqueues on the current stream a non-blocking copy of
   ring + counters into one of a few pinned host buffers and records an event. Stream order puts
@@ -33,7 +34,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Mapping, Optional
+from typing import Deque, Dict, List, Mapping, Optional
 
 import torch
 
@@ -399,36 +400,3 @@ def record_candidate_error(exc: BaseException, **fields) -> None:
     """validate: the candidate raised in Python. Counted now (host), logged rate-limited."""
     metrics.count_validation("candidate_error")
     logs.candidate_error(exc, mode="validate", **fields)
-
-
-def install_poll_wrappers(backend, poll: Callable[[], object] = poll_all) -> bool:
-    """Wrap THIS backend instance's `init_forward_metadata_out_graph` and `init_forward_metadata`
-    so that the host side runs once per step, outside any graph, also when every TARGET_VERIFY
-    forward is a CUDA-graph replay (no Python of ours runs then). Instance attributes shadow the
-    class's methods; idempotent. Returns True if it installed now.
-    """
-    if getattr(backend, "_kdtree_poll_installed", False):
-        return False
-    for name in ("init_forward_metadata_out_graph", "init_forward_metadata"):
-        bound = getattr(backend, name, None)
-        if bound is None:
-            continue
-
-        def _wrap(orig):
-            def wrapper(*args, **kwargs):
-                result = orig(*args, **kwargs)
-                in_capture = kwargs.get("in_capture", args[1] if len(args) > 1 else False)
-                if not in_capture and not is_capturing():
-                    try:
-                        poll()
-                    except Exception as exc:  # publishing must never break serving
-                        logs.candidate_error(exc, mode="validate", where="poll")
-                return result
-
-            wrapper.__wrapped__ = orig
-            wrapper.__kdtree_poll__ = True
-            return wrapper
-
-        setattr(backend, name, _wrap(bound))
-    backend._kdtree_poll_installed = True
-    return True

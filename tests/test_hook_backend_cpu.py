@@ -113,10 +113,13 @@ class Fx:
         self.v = self.k[..., :512].contiguous()
         self.init_metadata()
 
-    def init_metadata(self):
+    def ctx(self):
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
-        with forward_context(ForwardContext(attn_backend=self.backend)):
+        return forward_context(ForwardContext(attn_backend=self.backend))
+
+    def init_metadata(self):
+        with self.ctx():
             self.backend.init_forward_metadata(self.batch)
 
     def kv(self):
@@ -588,3 +591,35 @@ def test_kit_page_size_1_cuda_graph_case_is_a_kit_bug(env):
         run(1)  # same case, fixture on the layout the kit's prefix re-write uses: passes
     finally:
         dense_attention.make_loc_fn = orig
+
+
+def test_graph_replays_are_counted(env, cand):
+    """calls_total under CUDA graphs: events recorded while capturing are added once per replay by
+    the wrapper of init_forward_metadata_out_graph (SGLang's load_batch calls it per replay)."""
+    from kdtree_backend import shadow
+
+    _set_mode("on")
+    fx = Fx()
+    bs, D = 2, 3
+    fx.backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * D)
+    with fx.ctx():
+        fx.backend.init_forward_metadata_out_graph(fx.batch, in_capture=True)
+    real = shadow.is_capturing
+    shadow.is_capturing = lambda: True  # what the hook sees inside torch.cuda.graph(...)
+    try:
+        fx.call()  # "capture": one eligible call recorded for batch size 2
+        fx.backend.is_draft_runner = True
+        fx.call()  # and one fallback
+        fx.backend.is_draft_runner = False
+    finally:
+        shadow.is_capturing = real
+    c0 = _sample(env, "kdtree_attention_calls_total", mode="on", path="kdtree")
+    f0 = _sample(env, "kdtree_attention_fallbacks_total", reason="draft_runner")
+    for _ in range(3):
+        with fx.ctx():
+            fx.backend.init_forward_metadata_out_graph(fx.batch)  # before each replay
+    assert _sample(env, "kdtree_attention_calls_total", mode="on", path="kdtree") == c0 + 3
+    assert _sample(env, "kdtree_attention_fallbacks_total", reason="draft_runner") == f0 + 3
+    with fx.ctx():
+        fx.backend.init_forward_metadata_out_graph(fx.batch, in_capture=True)  # a capture: not a replay
+    assert _sample(env, "kdtree_attention_calls_total", mode="on", path="kdtree") == c0 + 3

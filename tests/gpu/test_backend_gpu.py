@@ -289,9 +289,6 @@ def test_cuda_graph_capture_and_replay(hooked, mode, kind):
     with sc.ctx_():
         sc.backend.init_forward_metadata_out_graph(sc.batch, in_capture=True)
     st_store = None
-    if mode == "validate":
-        for s in shadow.stores():
-            s.keep_published = 100
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -306,10 +303,14 @@ def test_cuda_graph_capture_and_replay(hooked, mode, kind):
         warm = sum(st_store.totals.values())
         assert warm == 2, dict(st_store.totals)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    # warm-ups and capture on the same stream, as SGLang's capture does
+    with torch.cuda.graph(g, stream=stream):
         o_static = sc.forward()
     torch.cuda.synchronize()
 
+    path = {"validate": "shadow", "on": "kdtree"}.get(mode)
+    reg = hooked["registry"]
+    calls0 = reg.get_sample_value("kdtree_attention_calls_total", {"mode": mode, "path": path}) or 0.0 if path else 0.0
     shadow.POLL_INTERVAL_S, old_interval = 0.0, shadow.POLL_INTERVAL_S
     try:
         replays = [([37, 5, 300, 64], 0), ([3, 128, 17, 1], 1), ([250, 1, 90, 9], 2)]
@@ -333,6 +334,9 @@ def test_cuda_graph_capture_and_replay(hooked, mode, kind):
                 cand = sc.kdtree_now()
                 d = (cand.float() - out.float()).abs()
                 measured.append(d.max().item())
+        if path:  # graph replays are counted (per replay, from the out-of-graph metadata wrapper)
+            calls1 = reg.get_sample_value("kdtree_attention_calls_total", {"mode": mode, "path": path}) or 0.0
+            assert calls1 - calls0 == len(replays), (calls0, calls1)
         if mode == "validate":
             shadow.flush_all()
             pub = [p for p in st_store.published if p["layer_id"] == 0][-len(replays):]
