@@ -65,11 +65,16 @@ _guard_registered = False
 # --- checks shared by register() and the launcher's preflight --------------------------------
 
 def sglang_version() -> Optional[str]:
-    """The installed sglang's version from its distribution metadata (no import), or None."""
+    """The installed sglang's version from its distribution metadata (no import), or None.
+
+    An sglang run from a source tree without metadata, already imported by the caller, reports
+    its own `sglang.__version__`.
+    """
     try:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
-        return None
+        module = sys.modules.get("sglang")
+        return getattr(module, "__version__", None) if module is not None else None
 
 
 def check_sglang_version(environ: Optional[Mapping[str, str]] = None) -> str:
