@@ -214,8 +214,12 @@ class Scene:
         mask = self.batch.spec_info.custom_mask
         mask_indptr = torch.tensor([0] + list(_cumsum([D * (p + D) for p in self.prefix_lens])),
                                    dtype=torch.int64, device=self.dev)
+        lay = self.layer
+        scaled = lay.k_scale is not None and lay.v_scale is not None
         return verify_attention_reference(self.q, self.k, self.pool.get_key_buffer(0), qo, kv_indptr, kv_indices,
-                                          mask, mask_indptr, self.layer.scaling, max_qo_len=D)
+                                          mask, mask_indptr, lay.scaling, max_qo_len=D,
+                                          k_scale=lay.k_scale_float if scaled else 1.0,
+                                          v_scale=lay.v_scale_float if scaled else 1.0)
 
     def kdtree_now(self):
         """The kdtree kernel on the backend's current metadata (what the shim passes)."""
@@ -271,6 +275,36 @@ def test_eager_target_verify_all_modes(hooked, kind):
             print(f"  published max_abs_diff {p['max_abs_diff']:.4e}, measured {measured:.4e}")
             assert p["max_abs_diff"] == pytest.approx(measured, rel=1e-5, abs=1e-6)
     assert torch.equal(outs["validate"], outs["off"]), "validate must return Triton's output bit-for-bit"
+
+
+def test_eager_k_scale_all_modes(hooked):
+    """layer.k_scale set (FP8-quantized checkpoints attach one even with a bf16 cache): the KV save
+    stores k / k_scale and the kernel descales the prefix by k_scale_float (SGLang's own code
+    path in all modes; the kdtree kernel receives the descales)."""
+    sc = Scene(bs=2, D=4, kind="tree", seed=3)
+    lay = sc.layer
+    lay.k_scale = torch.tensor(2.0, device=DEVICE)
+    lay.v_scale = torch.tensor(2.0, device=DEVICE)
+    lay.k_scale_float = 2.0
+    lay.v_scale_float = 2.0
+    try:
+        sc.load([40, 9])
+        sc.init_eager()
+        kv0 = sc.pool.kv_buffer[0].clone()
+        outs, kvs = {}, {}
+        for mode in MODES:
+            _set_mode(mode)
+            sc.pool.kv_buffer[0].copy_(kv0)
+            outs[mode] = sc.forward().clone()
+            kvs[mode] = sc.pool.kv_buffer[0].clone()
+            _close(outs[mode], sc.reference(), sc.real_rows(), f"eager k_scale=2 {mode}")
+        loc = sc.batch.out_cache_loc
+        assert torch.equal(kvs["off"][loc], (sc.k / lay.k_scale).to(kvs["off"].dtype))
+        assert torch.equal(kvs["on"], kvs["off"]) and torch.equal(kvs["validate"], kvs["off"])
+        assert torch.equal(outs["validate"], outs["off"])
+    finally:
+        lay.k_scale = lay.v_scale = None
+        lay.k_scale_float = lay.v_scale_float = None
 
 
 # --- CUDA graph ----------------------------------------------------------------------------------
