@@ -210,12 +210,26 @@ def test_driver_api_gpu_list_matches_torch():
         assert name == torch.cuda.get_device_name(index)
 
 
+def _entry_point_site(tmp_path: Path) -> str:
+    """A folder that makes the `kdtree` entry point discoverable when the package is only on
+    PYTHONPATH (the GPU machine runs the checkout without pip-installing it)."""
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "kdtree" for ep in entry_points(group="sglang.srt.plugins")):
+        return ""
+    dist = tmp_path / "site" / "kdtree_backend-0.0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kdtree-backend\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text("[sglang.srt.plugins]\nkdtree = kdtree_backend.plugin:register\n")
+    return str(tmp_path / "site")
+
+
 @pytest.mark.gpu
 @pytest.mark.timeout(900)
 def test_real_library_on_this_gpu_and_no_cuda_context_at_plugin_load(tmp_path):
     # The real library for the default archs loads with the device check on this GPU, and SGLang's
-    # load_plugins() with it installs the hook without initialising CUDA (the scheduler has not
-    # chosen its GPU yet when it loads plugins).
+    # load_plugins() with it installs the hook without creating a CUDA context (the scheduler has
+    # not chosen its GPU yet when it loads plugins; a context there would sit on GPU 0).
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH: the real library cannot be built here")
     build = _build_module()
@@ -223,13 +237,17 @@ def test_real_library_on_this_gpu_and_no_cuda_context_at_plugin_load(tmp_path):
     lib = loader.load_library(path, environ={})
     assert set(lib.built_archs) >= {90, 120}
     code = (
+        "import ctypes\n"
         "from sglang.srt.plugins import load_plugins; load_plugins()\n"
-        "import torch, ctypes\n"
+        "ctx = ctypes.c_void_p(); cuda = ctypes.CDLL('libcuda.so.1'); cuda.cuCtxGetCurrent(ctypes.byref(ctx))\n"
         "from sglang.srt.layers.attention.triton_backend import TritonAttnBackend as B\n"
         "from kdtree_backend import plugin\n"
-        "ctx = ctypes.c_void_p(); cuda = ctypes.CDLL('libcuda.so.1'); cuda.cuCtxGetCurrent(ctypes.byref(ctx))\n"
-        "print('RESULT', plugin.wraps_kdtree_hook(B.forward_extend), torch.cuda.is_initialized(), bool(ctx.value))\n"
+        "print('RESULT', plugin.wraps_kdtree_hook(B.forward_extend), bool(ctx.value))\n"
     )
-    proc = run_python(code, clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(path)), timeout=300)
+    env = clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(path))
+    site = _entry_point_site(tmp_path)
+    if site:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH", "")) if p)
+    proc = run_python(code, env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "RESULT True False False" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
+    assert "RESULT True False" in proc.stdout, (proc.stdout, proc.stderr[-3000:])
