@@ -1,7 +1,9 @@
 """Environment switches of kdtree-backend (see docs/interfaces.md, "Environment variables")."""
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass
 from enum import Enum
 from typing import Mapping, Optional
 
@@ -60,3 +62,44 @@ def allow_unsupported_sglang(environ: Optional[Mapping[str, str]] = None) -> boo
 
 def testing_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     return _env(environ).get(ENV_TESTING, "").strip() == "1"
+
+
+# --- validate (shadow) mode settings --------------------------------------------------------
+ENV_VALIDATE_SAMPLE_RATE = "KDTREE_VALIDATE_SAMPLE_RATE"
+ENV_VALIDATE_ATOL = "KDTREE_VALIDATE_ATOL"
+ENV_VALIDATE_RTOL = "KDTREE_VALIDATE_RTOL"
+DEFAULT_VALIDATE_ATOL = 2e-2
+DEFAULT_VALIDATE_RTOL = 2e-2
+
+
+@dataclass(frozen=True)
+class ValidateSettings:
+    sample_rate: float = 1.0
+    atol: float = DEFAULT_VALIDATE_ATOL
+    rtol: float = DEFAULT_VALIDATE_RTOL
+
+
+def read_validate_settings(environ: Optional[Mapping[str, str]] = None) -> ValidateSettings:
+    """Validate-mode settings; raises `KdtreeModeError` naming the variable on a bad value.
+
+    Read at plugin load and in the launcher's preflight (not at the first forward pass), so a
+    typo stops the server before it loads a model.
+    """
+    env = _env(environ)
+
+    def _float(name, default, ok, valid):
+        raw = env.get(name)
+        if raw is None or raw.strip() == "":
+            return default
+        try:
+            val = float(raw.strip())
+        except ValueError:
+            raise KdtreeModeError(name, raw, valid) from None
+        if not ok(val):
+            raise KdtreeModeError(name, raw, valid)
+        return val
+
+    rate = _float(ENV_VALIDATE_SAMPLE_RATE, 1.0, lambda x: 0.0 < x <= 1.0, "a float in (0, 1]")
+    atol = _float(ENV_VALIDATE_ATOL, DEFAULT_VALIDATE_ATOL, lambda x: math.isfinite(x) and x >= 0.0, "a float >= 0")
+    rtol = _float(ENV_VALIDATE_RTOL, DEFAULT_VALIDATE_RTOL, lambda x: math.isfinite(x) and x >= 0.0, "a float >= 0")
+    return ValidateSettings(rate, atol, rtol)

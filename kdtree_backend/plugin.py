@@ -33,6 +33,7 @@ from kdtree_backend.config import (
     Mode,
     allow_unsupported_sglang,
     read_mode,
+    read_validate_settings,
 )
 from kdtree_backend.errors import KdtreeConfigError, as_config_error, fail_fast
 
@@ -127,6 +128,7 @@ def preflight_checks(environ: Optional[Mapping[str, str]] = None) -> Mode:
     mode = read_mode(environ)
     if mode is Mode.OFF:
         return mode
+    read_validate_settings(environ)
     check_sglang_version(environ)
     check_entry_point(environ)
     loader.load_library(check_devices=True, environ=environ)
@@ -309,6 +311,7 @@ def register() -> None:
     try:
         from kdtree_backend import loader
 
+        read_validate_settings()
         version = check_sglang_version()
         lib = loader.get_library()
         _armed_mode = mode

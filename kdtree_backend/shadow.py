@@ -33,18 +33,23 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Deque, Dict, List, Mapping, Optional
 
 import torch
 
 from kdtree_backend import logs, metrics
 
-ENV_SAMPLE_RATE = "KDTREE_VALIDATE_SAMPLE_RATE"
-ENV_ATOL = "KDTREE_VALIDATE_ATOL"
-ENV_RTOL = "KDTREE_VALIDATE_RTOL"
-DEFAULT_ATOL = 2e-2
-DEFAULT_RTOL = 2e-2
+# The settings live in config.py (no torch import) so the plugin and the launcher can check them
+# before any model loading; these names are the ones this module has always exported.
+from kdtree_backend.config import (  # noqa: E402
+    DEFAULT_VALIDATE_ATOL as DEFAULT_ATOL,
+    DEFAULT_VALIDATE_RTOL as DEFAULT_RTOL,
+    ENV_VALIDATE_ATOL as ENV_ATOL,
+    ENV_VALIDATE_RTOL as ENV_RTOL,
+    ENV_VALIDATE_SAMPLE_RATE as ENV_SAMPLE_RATE,
+    ValidateSettings as Settings,
+    read_validate_settings as read_settings,
+)
 
 # Ring entries per layer, pinned snapshot buffers, minimum seconds between two snapshots.
 RING = 64
@@ -54,37 +59,6 @@ POLL_INTERVAL_S = 0.1
 # Row layout (float64).
 F_SEQ, F_MAX_ABS, F_REL, F_EXCESS, F_CAND_NF, F_CTRL_NF, F_ARGMAX, F_CAND_AT, F_CTRL_AT, F_ROWS, F_COLS, F_HEADS = range(12)
 NFIELDS = 12
-
-
-@dataclass(frozen=True)
-class Settings:
-    sample_rate: float = 1.0
-    atol: float = DEFAULT_ATOL
-    rtol: float = DEFAULT_RTOL
-
-
-def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
-    """Validate-mode settings from the environment; raises `KdtreeModeError` on a bad value."""
-    from kdtree_backend.errors import KdtreeModeError
-
-    env = os.environ if environ is None else environ
-
-    def _float(name, default, ok, valid):
-        raw = env.get(name)
-        if raw is None or raw.strip() == "":
-            return default
-        try:
-            val = float(raw.strip())
-        except ValueError:
-            raise KdtreeModeError(name, raw, valid) from None
-        if not ok(val):
-            raise KdtreeModeError(name, raw, valid)
-        return val
-
-    rate = _float(ENV_SAMPLE_RATE, 1.0, lambda x: 0.0 < x <= 1.0, "a float in (0, 1]")
-    atol = _float(ENV_ATOL, DEFAULT_ATOL, lambda x: math.isfinite(x) and x >= 0.0, "a float >= 0")
-    rtol = _float(ENV_RTOL, DEFAULT_RTOL, lambda x: math.isfinite(x) and x >= 0.0, "a float >= 0")
-    return Settings(rate, atol, rtol)
 
 
 class Sampler:

@@ -101,3 +101,27 @@ def test_register_off_installs_nothing_and_does_not_import_sglang():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["REGISTER", "RETURNED", "False", "False"]
     assert "KDTREE_VERIFY=off" in proc.stderr
+
+
+# --- validate settings: checked at plugin load and in the launcher's preflight ------------------
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [("KDTREE_VALIDATE_SAMPLE_RATE", "0"), ("KDTREE_VALIDATE_SAMPLE_RATE", "1.5"), ("KDTREE_VALIDATE_SAMPLE_RATE", "all"),
+     ("KDTREE_VALIDATE_ATOL", "-1"), ("KDTREE_VALIDATE_RTOL", "nan")],
+)
+def test_bad_validate_settings_fail_preflight(name, raw):
+    from kdtree_backend import plugin
+    from kdtree_backend.errors import KdtreeModeError
+
+    with pytest.raises(KdtreeModeError) as info:
+        plugin.preflight_checks({"KDTREE_VERIFY": "validate", name: raw})
+    assert name in str(info.value) and repr(raw) in str(info.value) or raw in str(info.value)
+
+
+def test_validate_settings_defaults_and_values():
+    from kdtree_backend.config import read_validate_settings
+
+    assert read_validate_settings({}) == read_validate_settings({"KDTREE_VALIDATE_ATOL": " "})
+    s = read_validate_settings({"KDTREE_VALIDATE_SAMPLE_RATE": "0.25", "KDTREE_VALIDATE_RTOL": "1e-3"})
+    assert (s.sample_rate, s.rtol) == (0.25, 1e-3)
