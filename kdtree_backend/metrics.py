@@ -89,8 +89,8 @@ class Metrics:
         )
         self.calls = pc.Counter(
             PREFIX + "calls_total",
-            "forward_extend calls seen by the hook in Python (eager calls and CUDA-graph captures; "
-            "graph replays run no Python), by mode and path",
+            "forward_extend calls through the hook (eager calls, plus the calls a captured CUDA graph "
+            "holds, added once per replay), by mode and path",
             ["mode", "path"],
             **kw,
         )
