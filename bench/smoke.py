@@ -4,7 +4,10 @@ reference, then CUDA-graph timings of a few shapes against SGLang's Triton exten
     python bench/smoke.py [--no-triton] [--json out.json]
 
 The full test suite is tests/gpu/; the full benchmark is bench/bench_verify.py. This script is
-the quick look taken after each kernel change (small, self-contained, ~1 minute).
+the quick look taken after each kernel change (small, ~1 minute), and the entry point of the
+device scripts' racecheck run (--small), ncu profile (--profile-shape) and split sweep
+(--sweep-min-keys). Its float64 reference is written independently of kdtree_backend/reference.py
+on purpose (plain einsum per request): two references written apart cross-check each other.
 """
 from __future__ import annotations
 
