@@ -167,7 +167,6 @@ struct Launcher {
 using Portable = Launcher<kdtree::PortableConfig>;
 #ifdef KDTREE_EXPERIMENTAL_CONFIGS
 using Narrow16 = Launcher<kdtree::Narrow16Config>;
-using PingPong = Launcher<kdtree::PingPongConfig>;
 #endif
 
 // abi.py mirrors this struct field by field; a size change means the mirror is stale.
@@ -221,8 +220,6 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
 #ifdef KDTREE_EXPERIMENTAL_CONFIGS
     case 1:
       return Narrow16::plan(batch, num_heads, max_qo_len, num_sms, plan);
-    case 2:
-      return PingPong::plan(batch, num_heads, max_qo_len, num_sms, plan);
 #endif
     default:
       return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", config);
@@ -253,8 +250,6 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
 #ifdef KDTREE_EXPERIMENTAL_CONFIGS
     case 1:
       return Narrow16::run(p, static_cast<cudaStream_t>(stream));
-    case 2:
-      return PingPong::run(p, static_cast<cudaStream_t>(stream));
 #endif
     default:
       return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", p.config);

@@ -17,8 +17,6 @@
 #include <math_constants.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "kdtree_api.h"
 #include "mma_utils.cuh"
 
@@ -28,11 +26,8 @@ namespace kdtree {
 // the exchange area as symbol + constant (no pointer held in registers).
 extern __shared__ __align__(128) uint8_t g_smem[];
 
-template <int RG, int CS, int BN, int ST, bool PP = false>
+template <int RG, int CS, int BN, int ST>
 struct VerifyConfig {
-  // Ping-pong: the row groups form two halves that run half a tile apart (docs/kernel.md), so a
-  // scheduler's two warps are never both in the exchange/softmax latency phase.
-  static constexpr bool kPingPong = PP;
   static constexpr int kRG = RG;      // row groups of 16 query rows
   static constexpr int kCS = CS;      // depth (QK) / column (PV) partitions
   static constexpr int kBN = BN;      // keys per tile
@@ -57,9 +52,7 @@ struct VerifyConfig {
   static_assert(BN % 16 == 0, "key tiles are whole mma k-steps for PV");
   static_assert(kThreads % BN == 0 && kThreads % kM == 0, "load mapping: whole threads per row");
   static_assert(ST >= 2, "need at least double buffering");
-  static_assert(RG + 2 <= 16, "named barrier ids 1..RG (+1 for the lagging half)");
-  static_assert(!PP || (RG % 2 == 0 && ST == 2), "ping-pong: two equal halves, double buffering");
-  static constexpr int kLagBarrier = RG + 1;  // the lagging half's named barrier
+  static_assert(RG + 1 <= 16, "named barrier ids 1..RG");
 };
 
 // The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
@@ -70,8 +63,6 @@ using PortableConfig = VerifyConfig<4, 2, 32, 2>;
 // Experimental (bench only, built with -DKDTREE_EXPERIMENTAL_CONFIGS, KDTREE_KERNEL_CONFIG=1):
 // 16-key tiles, 4 stages, two QK accumulator chains.
 using Narrow16Config = VerifyConfig<4, 2, 16, 4>;
-// Experimental (KDTREE_KERNEL_CONFIG=2): the portable tiling with ping-pong row-group halves.
-using PingPongConfig = VerifyConfig<4, 2, 32, 2, true>;
 constexpr int kSm120MaxSmemPerBlock = 101376;
 static_assert(PortableConfig::kSmemBytes <= kSm120MaxSmemPerBlock,
               "the portable configuration must fit sm_120's 99 KB of shared memory per block");
@@ -228,12 +219,11 @@ struct TileContext {
   int row0;      // this thread's first query row (r = token * H + head) in the request
 };
 
-// QK^T, the exchange of partial scores, the mask and the online softmax of one key tile; leaves
-// P (bf16, mma A fragments) in `pa` for pv_steps.
+// Everything a warp does with one key tile once it sits in shared memory.
 template <class Cfg, int kH>
-__device__ __forceinline__ void score_tile(WarpState<Cfg>& st, uint32_t tile_base, int g, int lane,
-                                           const LaneOffsets& lo, const TileContext& tc,
-                                           const KdtreeVerifyParams& p, uint32_t (&pa)[Cfg::kBN / 16][4]) {
+__device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_base, int g,
+                                             int lane, const LaneOffsets& lo, const TileContext& tc,
+                                             const KdtreeVerifyParams& p) {
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr int NT = Cfg::kNTiles;
   float s[NT][4];
@@ -360,6 +350,7 @@ __device__ __forceinline__ void score_tile(WarpState<Cfg>& st, uint32_t tile_bas
   }
 
   // P to bf16 A fragments: the C layout of two adjacent n8 tiles is the A layout of one k16 step.
+  uint32_t pa[Cfg::kBN / 16][4];
   const float ps = tc.is_prefix ? p.v_scale : 1.f;
 #pragma unroll
   for (int kk = 0; kk < Cfg::kBN / 16; ++kk) {
@@ -368,30 +359,7 @@ __device__ __forceinline__ void score_tile(WarpState<Cfg>& st, uint32_t tile_bas
     pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0] * ps, s[2 * kk + 1][1] * ps);
     pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2] * ps, s[2 * kk + 1][3] * ps);
   }
-}
-
-// Everything a warp does with one key tile once it sits in shared memory.
-template <class Cfg, int kH>
-__device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_base, int g, int lane,
-                                             const LaneOffsets& lo, const TileContext& tc,
-                                             const KdtreeVerifyParams& p) {
-  uint32_t pa[Cfg::kBN / 16][4];
-  score_tile<Cfg, kH>(st, tile_base, g, lane, lo, tc, p, pa);
   pv_steps<Cfg, kH>(st, pa, tile_base, lo);
-}
-
-// Dispatch on the warp's slice h (a template parameter so ldmatrix offsets are constants).
-template <class Cfg, class F>
-__device__ __forceinline__ void with_slice(int h, F&& f) {
-  if (h == 0) {
-    f(std::integral_constant<int, 0>{});
-  } else if constexpr (Cfg::kCS > 1) {
-    if (h == 1) f(std::integral_constant<int, 1>{});
-    if constexpr (Cfg::kCS > 2) {
-      if (h == 2) f(std::integral_constant<int, 2>{});
-      if (h == 3) f(std::integral_constant<int, 3>{});
-    }
-  }
 }
 
 template <class Cfg, int kH>
@@ -443,12 +411,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  // Plain: warp = h * RG + g. Ping-pong: warps [0, W/2) are the leading half (row groups
-  // [0, RG/2)), [W/2, W) the lagging half; the scheduler of warp w (w % 4) then holds one warp of
-  // each half, so one of them always has tensor work while the other waits on its softmax.
-  const int g = Cfg::kPingPong ? (warp / (Cfg::kWarps / 2)) * (Cfg::kRG / 2) + (warp % (Cfg::kWarps / 2)) / Cfg::kCS
-                               : warp % Cfg::kRG;
-  const int h = Cfg::kPingPong ? warp % Cfg::kCS : warp / Cfg::kRG;
+  const int g = warp % Cfg::kRG;
+  const int h = warp / Cfg::kRG;
 
   const RequestView req = load_request(p, b);
   const int H = p.num_heads;
@@ -501,15 +465,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   __syncthreads();  // the staging area now becomes the K pipeline
 
   // ---- K tiles: each thread copies chunks of one key row; its slot id is fetched a tile ahead.
-  // Ping-pong: only the lagging half copies (it is the last to leave a buffer, so it refills it).
-  constexpr int kIssuers = Cfg::kPingPong ? Cfg::kThreads / 2 : Cfg::kThreads;
-  const bool lagging = Cfg::kPingPong && tid >= Cfg::kThreads - kIssuers;
-  const bool issuer = !Cfg::kPingPong || lagging;
-  const int itid = tid - (Cfg::kThreads - kIssuers);
-  constexpr int kTprK = kIssuers / Cfg::kBN;
+  constexpr int kTprK = Cfg::kThreads / Cfg::kBN;
   constexpr int kChunksPerThread = (kRowChunks + kTprK - 1) / kTprK;
-  const int my_key = itid / kTprK;
-  const int my_chunk0 = itid % kTprK;
+  const int my_key = tid / kTprK;
+  const int my_chunk0 = tid % kTprK;
   // Slot ids are checked against the cache size when fetched and kept as 32-bit (-1 = no row):
   // a pool of 2^31 576-wide rows would be 2.5 TB.
   auto fetch_slot = [&](int tile) -> int {
@@ -544,10 +503,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   };
 
   int next_tile = t_begin;
-  int next_slot = issuer ? fetch_slot(next_tile) : -1;
+  int next_slot = fetch_slot(next_tile);
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (issuer && next_tile < t_end) {
+    if (next_tile < t_end) {
       issue_tile(next_tile, next_slot);
       ++next_tile;
       next_slot = fetch_slot(next_tile);
@@ -561,56 +520,27 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   tc.n = req.n;
   tc.row0 = row_tile * Cfg::kM + g * 16 + (lane >> 2);
 
-  if constexpr (!Cfg::kPingPong) {
-    for (int t = t_begin; t < t_end; ++t) {
-      cp_async_wait<Cfg::kStages - 2>();
-      __syncthreads();  // tile t landed for everyone; everyone is done with tile t-1's buffer
-      if (next_tile < t_end) {
-        issue_tile(next_tile, next_slot);
-        ++next_tile;
-        next_slot = fetch_slot(next_tile);
-      }
-      cp_async_commit();
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();  // tile t landed for everyone; everyone is done with tile t-1's buffer
+    if (next_tile < t_end) {
+      issue_tile(next_tile, next_slot);
+      ++next_tile;
+      next_slot = fetch_slot(next_tile);
+    }
+    cp_async_commit();
 
-      tc.is_prefix = t < w.prefix_tiles;
-      tc.key_base = tc.is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
-      const uint32_t tile_base = stage_base + ((t - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
-      with_slice<Cfg>(h, [&](auto hc) { process_tile<Cfg, decltype(hc)::value>(st, tile_base, g, lane, lo, tc, p); });
-    }
-  } else {
-    // Iteration t: the leading half does QK(t), softmax(t), PV(t); the lagging half does PV(t-1)
-    // (P kept from the previous iteration), refills tile t-1's buffer with tile t+1, then QK(t)
-    // and softmax(t). Both halves need tile t; only the lagging half still needs tile t-1, and it
-    // refills that buffer itself once all its warps are past PV(t-1) (named barrier).
-    uint32_t pa_prev[Cfg::kBN / 16][4];
-    for (int t = t_begin; t < t_end; ++t) {
-      cp_async_wait<0>();  // the lagging half's copy of tile t (a no-op for the leading half)
-      __syncthreads();     // tile t visible to all; the leading half is done with tile t-1
-      tc.is_prefix = t < w.prefix_tiles;
-      tc.key_base = tc.is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
-      const uint32_t tile_base = stage_base + ((t - t_begin) & 1) * Cfg::kTileBytes;
-      if (!lagging) {
-        with_slice<Cfg>(h, [&](auto hc) { process_tile<Cfg, decltype(hc)::value>(st, tile_base, g, lane, lo, tc, p); });
-      } else {
-        if (t > t_begin) {
-          const uint32_t prev_base = stage_base + ((t - 1 - t_begin) & 1) * Cfg::kTileBytes;
-          with_slice<Cfg>(h, [&](auto hc) { pv_steps<Cfg, decltype(hc)::value>(st, pa_prev, prev_base, lo); });
-        }
-        named_barrier(Cfg::kLagBarrier, kIssuers);  // every lagging warp is past PV(t-1)
-        if (next_tile < t_end) {
-          issue_tile(next_tile, next_slot);
-          ++next_tile;
-          next_slot = fetch_slot(next_tile);
-        }
-        cp_async_commit();
-        with_slice<Cfg>(h, [&](auto hc) {
-          score_tile<Cfg, decltype(hc)::value>(st, tile_base, g, lane, lo, tc, p, pa_prev);
-        });
+    tc.is_prefix = t < w.prefix_tiles;
+    tc.key_base = tc.is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
+    const uint32_t tile_base = stage_base + ((t - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
+    if (h == 0) {
+      process_tile<Cfg, 0>(st, tile_base, g, lane, lo, tc, p);
+    } else if constexpr (Cfg::kCS > 1) {
+      if (h == 1) process_tile<Cfg, 1>(st, tile_base, g, lane, lo, tc, p);
+      if constexpr (Cfg::kCS > 2) {
+        if (h == 2) process_tile<Cfg, 2>(st, tile_base, g, lane, lo, tc, p);
+        if (h == 3) process_tile<Cfg, 3>(st, tile_base, g, lane, lo, tc, p);
       }
-    }
-    if (lagging) {
-      const uint32_t last_base = stage_base + ((t_end - 1 - t_begin) & 1) * Cfg::kTileBytes;
-      with_slice<Cfg>(h, [&](auto hc) { pv_steps<Cfg, decltype(hc)::value>(st, pa_prev, last_base, lo); });
     }
   }
   cp_async_wait<0>();
