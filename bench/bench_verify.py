@@ -614,6 +614,17 @@ def main(argv=None) -> int:
             print(f"note: {k[:-6]} unavailable: {mods[k]}", flush=True)
 
     rows, skipped = [], []
+
+    def write_document():
+        summary = summarize(rows, ceil)
+        summary["skipped_for_time"] = skipped
+        doc = make_document(rows, ceil, summary, argv_used, env)
+        doc["impls"] = impls
+        doc["wall_s"] = time.time() - t_start
+        with open(out_path, "w") as f:
+            json.dump(doc, f, indent=1)
+        return summary
+
     grid = build_grid(args.quick)
     for i, s in enumerate(grid):
         if time.time() - t_start > args.time_limit:
@@ -629,20 +640,8 @@ def main(argv=None) -> int:
               + (f"  /fmla {row['ratio_vs_flashmla']:.2f}" if row["ratio_vs_flashmla"] else "")
               + (f"  errors {row['errors']}" if row["errors"] else "")
               + f"  ({row['seconds']:.1f}s)", flush=True)
-        summary = summarize(rows, ceil)
-        summary["skipped_for_time"] = skipped
-        doc = make_document(rows, ceil, summary, argv_used, env)
-        doc["impls"] = impls
-        doc["wall_s"] = time.time() - t_start
-        with open(out_path, "w") as f:
-            json.dump(doc, f, indent=1)
-    summary = summarize(rows, ceil)
-    summary["skipped_for_time"] = skipped
-    doc = make_document(rows, ceil, summary, argv_used, env)
-    doc["impls"] = impls
-    doc["wall_s"] = time.time() - t_start
-    with open(out_path, "w") as f:
-        json.dump(doc, f, indent=1)
+        write_document()  # after every shape: a run cut short still leaves its rows
+    summary = write_document()
     print()
     print(format_table(rows))
     print()
