@@ -166,7 +166,7 @@ struct Launcher {
 
 using Portable = Launcher<kdtree::PortableConfig>;
 #ifdef KDTREE_EXPERIMENTAL_CONFIGS
-using Narrow16 = Launcher<kdtree::Narrow16Config>;
+using Rows32 = Launcher<kdtree::Rows32Config>;
 #endif
 
 // abi.py mirrors this struct field by field; a size change means the mirror is stale.
@@ -219,7 +219,7 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
       return Portable::plan(batch, num_heads, max_qo_len, num_sms, plan);
 #ifdef KDTREE_EXPERIMENTAL_CONFIGS
     case 1:
-      return Narrow16::plan(batch, num_heads, max_qo_len, num_sms, plan);
+      return Rows32::plan(batch, num_heads, max_qo_len, num_sms, plan);
 #endif
     default:
       return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", config);
@@ -249,7 +249,7 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
       return Portable::run(p, static_cast<cudaStream_t>(stream));
 #ifdef KDTREE_EXPERIMENTAL_CONFIGS
     case 1:
-      return Narrow16::run(p, static_cast<cudaStream_t>(stream));
+      return Rows32::run(p, static_cast<cudaStream_t>(stream));
 #endif
     default:
       return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", p.config);

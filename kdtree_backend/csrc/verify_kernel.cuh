@@ -61,8 +61,9 @@ struct VerifyConfig {
 // docs/perf-notes.md: 25-35% faster than 16-key tiles on the H200, which spill nothing).
 using PortableConfig = VerifyConfig<4, 2, 32, 2>;
 // Experimental (bench only, built with -DKDTREE_EXPERIMENTAL_CONFIGS, KDTREE_KERNEL_CONFIG=1):
-// 16-key tiles, 4 stages, two QK accumulator chains.
-using Narrow16Config = VerifyConfig<4, 2, 16, 4>;
+// 32 query rows x 32-key tiles, 8 warps = 2 row groups x 4 slices (O 64 + Q 36 registers a
+// thread instead of 128 + 72: ~210 registers, room for the compiler to overlap loads).
+using Rows32Config = VerifyConfig<2, 4, 32, 2>;
 constexpr int kSm120MaxSmemPerBlock = 101376;
 static_assert(PortableConfig::kSmemBytes <= kSm120MaxSmemPerBlock,
               "the portable configuration must fit sm_120's 99 KB of shared memory per block");
