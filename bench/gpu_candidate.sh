@@ -25,7 +25,7 @@ if python3 -c "import sys; sys.exit(0 if $ratio < 0.95 else 1)"; then
     tests/gpu/test_kernel_gpu.py > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$?"; grep -E "ERROR SUMMARY" "$OUT/memcheck.log"
   timeout 60 compute-sanitizer --tool racecheck python3 bench/smoke.py --small --no-triton > "$OUT/racecheck.log" 2>&1
   echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck.log"
-  left=$(( 330 - ($(date +%s) - t0) ))
+  left=$(( 300 - ($(date +%s) - t0) ))
   python3 bench/bench_verify.py --time-limit "$left" --out "$OUT/bench.json" --commit "${KDTREE_COMMIT:-nogit}" \
     > "$OUT/bench.log" 2>&1; echo "bench rc=$?"; tail -9 "$OUT/bench.log"
 else
