@@ -288,7 +288,7 @@ def _environment(torch, commit):
     import importlib.metadata as md
 
     env = {"commit": commit, "python": platform.python_version(), "torch": torch.__version__,
-           # kernel knobs (KDTREE_KERNEL_CONFIG, KDTREE_NUM_SPLITS, ...) change what "ours" is
+           # kernel knobs (KDTREE_KERNEL, KDTREE_NUM_SPLITS, ...) change what "ours" is
            "kdtree_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("KDTREE_")}}
     try:
         import triton
@@ -296,6 +296,12 @@ def _environment(torch, commit):
         env["triton"] = triton.__version__
     except Exception as e:  # noqa: BLE001
         env["triton"] = f"unavailable: {e}"
+    try:
+        from kdtree_backend import ops
+
+        env["kernel"] = ops.selected_kernel()  # the path "ours" ran: hopper or portable
+    except Exception as e:  # noqa: BLE001
+        env["kernel"] = f"unavailable: {e}"
     for dist in ("sglang", "sgl-flash-mla"):
         try:
             env[dist] = md.version(dist)

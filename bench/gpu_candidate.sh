@@ -2,23 +2,23 @@
 # One device call that tries an experimental configuration as the next portable one: quick
 # correctness, timing against config 0, and only if it is >5% faster (geomean over the smoke
 # shapes) the full release check with it (GPU tests, sanitizers, benchmark).
-#   (device) CFG=1 KDTREE_COMMIT=<sha> bash bench/gpu_candidate.sh
+#   (device) CFG=rows32 KDTREE_COMMIT=<sha> bash bench/gpu_candidate.sh
 set -uo pipefail
 t0=$(date +%s)
 source bench/gpu_env.sh
-CFG=${CFG:-1}
+CFG=${CFG:-rows32}
 python3 -m kdtree_backend.build --experimental --out /tmp/libexp.so --quiet || exit 1
 export KDTREE_LIB=/tmp/libexp.so
-KDTREE_KERNEL_CONFIG=$CFG timeout 60 python3 bench/smoke.py --small --no-triton 2>&1 | tail -1
-timeout 120 python3 bench/smoke.py --no-triton --configs 0,$CFG --json "$OUT/candidate_timing.json" 2>&1 \
+KDTREE_KERNEL=$CFG timeout 60 python3 bench/smoke.py --small --no-triton 2>&1 | tail -1
+timeout 120 python3 bench/smoke.py --no-triton --configs portable,$CFG --json "$OUT/candidate_timing.json" 2>&1 \
   | grep -E "B=|smoke" | tee "$OUT/candidate_timing.log"
 ratio=$(python3 -c "
 import json, math; d = json.load(open('$OUT/candidate_timing.json'))
-r = [t['by_config']['$CFG'] / t['by_config']['0'] for t in d['timings']]
+r = [t['by_config']['$CFG'] / t['by_config']['portable'] for t in d['timings']]
 print(round(math.exp(sum(map(math.log, r)) / len(r)), 3))")
-echo "geomean time ratio config $CFG / config 0: $ratio"
+echo "geomean time ratio $CFG / portable: $ratio"
 if python3 -c "import sys; sys.exit(0 if $ratio < 0.95 else 1)"; then
-  export KDTREE_KERNEL_CONFIG=$CFG
+  export KDTREE_KERNEL=$CFG
   timeout 200 python3 -m pytest -q -m gpu tests -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -4
   KDTREE_TEST_SMALL=1 timeout 60 compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \

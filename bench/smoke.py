@@ -139,7 +139,7 @@ def time_graph(fn, iters=50):
     return statistics.median(events[i].elapsed_time(events[i + 1]) * 1000 for i in range(iters))
 
 
-def timings(with_triton=True, configs=(0,)):
+def timings(with_triton=True, configs=("auto",)):
     shapes = [(1, 8, 16, 1024), (1, 8, 16, 8192), (8, 8, 16, 8192), (32, 8, 16, 8192), (1, 8, 16, 32768),
               (32, 16, 64, 8192), (8, 16, 64, 32768), (1, 8, 8, 32768), (32, 8, 8, 32768)]
     if with_triton:
@@ -150,9 +150,9 @@ def timings(with_triton=True, configs=(0,)):
         out = torch.empty(B * n, H * 512, dtype=torch.bfloat16, device="cuda")
         t_cfg = {}
         for cfg in configs:
-            os.environ["KDTREE_KERNEL_CONFIG"] = str(cfg)
+            os.environ["KDTREE_KERNEL"] = cfg
             t_cfg[cfg] = time_graph(lambda: verify_attention(**a, out=out))
-        os.environ.pop("KDTREE_KERNEL_CONFIG", None)
+        os.environ.pop("KDTREE_KERNEL", None)
         t_ours = t_cfg[configs[0]]
         t_tri = float("nan")
         if with_triton:
@@ -176,7 +176,7 @@ def timings(with_triton=True, configs=(0,)):
         res.append(row)
         print(f"B={B:<3} H={H:<3} n={n:<3} L={L:<6} ours {t_ours:9.1f} us  triton {t_tri:9.1f} us  "
               f"x{t_tri / t_ours:6.1f}  {row['tflops']:6.1f} TF/s  {row['tbps']:5.2f} TB/s  diff {d:.1e}  "
-              + " ".join(f"cfg{c}={t:.1f}" for c, t in t_cfg.items()), flush=True)
+              + " ".join(f"{c}={t:.1f}us/{flops / t / 1e6:.0f}TF" for c, t in t_cfg.items()), flush=True)
     return res
 
 
@@ -188,7 +188,8 @@ def main():
     ap.add_argument("--profile-shape", help="B,H,n,L: run the op a few times on one shape (for ncu) and exit")
     ap.add_argument("--sweep-min-keys", action="store_true",
                     help="time small-batch shapes for several KDTREE_MIN_KEYS_PER_SPLIT values and exit")
-    ap.add_argument("--configs", default="0", help="kernel configurations to time, e.g. 0,1 (1 needs --experimental build)")
+    ap.add_argument("--configs", default="auto",
+                    help="KDTREE_KERNEL values to time, e.g. portable,hopper (rows32 needs an --experimental build)")
     args = ap.parse_args()
     t0 = time.time()
     if args.profile_shape:
@@ -214,7 +215,7 @@ def main():
         os.environ.pop("KDTREE_MIN_KEYS_PER_SPLIT", None)
         return 0
     ok, corr = correctness(args.small)
-    configs = tuple(int(c) for c in args.configs.split(","))
+    configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
     tim = [] if args.small else timings(not args.no_triton, configs)
     if args.json:
         with open(args.json, "w") as f:

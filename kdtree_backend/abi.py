@@ -27,7 +27,10 @@ REQUIRED_SYMBOLS = (
 # Kernel configurations (`config` in the structs below). PORTABLE is what sm_120 runs and what the
 # H200 tests select, so the path the first customer runs is the path we test.
 CONFIG_PORTABLE = 0
-CONFIG_NAMES = {CONFIG_PORTABLE: "portable"}
+CONFIG_ROWS32 = 1  # experimental (library built with --experimental)
+CONFIG_HOPPER = 2  # wgmma, sm_90a only (H100/H200)
+CONFIG_NAMES = {CONFIG_PORTABLE: "portable", CONFIG_ROWS32: "rows32", CONFIG_HOPPER: "hopper"}
+CONFIG_IDS = {name: cid for cid, name in CONFIG_NAMES.items()}
 
 # Head geometry of absorbed MLA: K row = 512 latent + 64 rope; V = the first 512 columns.
 QK_HEAD_DIM = 576

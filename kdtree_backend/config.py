@@ -64,6 +64,25 @@ def testing_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
     return _env(environ).get(ENV_TESTING, "").strip() == "1"
 
 
+# --- kernel selection ---------------------------------------------------------------------------
+# auto: the Hopper (wgmma) kernel on compute capability 9.0 when the library has it, else the
+# portable one. portable / hopper force a path (hopper on another GPU is an error, not a
+# fallback). rows32 is an experimental portable variant, for benchmarks (build --experimental).
+ENV_KERNEL = "KDTREE_KERNEL"
+KERNEL_CHOICES = ("auto", "portable", "hopper", "rows32")
+
+
+def read_kernel_choice(environ: Optional[Mapping[str, str]] = None) -> str:
+    """`KDTREE_KERNEL` (default auto); raises `KdtreeModeError` naming the variable on a bad value."""
+    raw = _env(environ).get(ENV_KERNEL)
+    if raw is None or raw.strip() == "":
+        return "auto"
+    value = raw.strip().lower()
+    if value not in KERNEL_CHOICES:
+        raise KdtreeModeError(ENV_KERNEL, raw, ", ".join(KERNEL_CHOICES) + " (or unset = auto)")
+    return value
+
+
 # --- validate (shadow) mode settings --------------------------------------------------------
 ENV_VALIDATE_SAMPLE_RATE = "KDTREE_VALIDATE_SAMPLE_RATE"
 ENV_VALIDATE_ATOL = "KDTREE_VALIDATE_ATOL"

@@ -16,6 +16,8 @@ import threading
 import torch
 
 from . import abi
+from .config import read_kernel_choice
+from .errors import KdtreeModeError
 
 __all__ = [
     "KernelInputError",
@@ -23,6 +25,7 @@ __all__ = [
     "verify_attention",
     "kernel_available",
     "library_info",
+    "selected_kernel",
 ]
 
 
@@ -141,15 +144,51 @@ def _env_int(name: str) -> int | None:
     return v
 
 
-def _kernel_config() -> int:
-    """KDTREE_KERNEL_CONFIG selects an experimental kernel configuration (benchmarks only)."""
-    raw = os.environ.get("KDTREE_KERNEL_CONFIG", "").strip()
-    if not raw:
-        return abi.CONFIG_PORTABLE
+_resolved: dict[tuple[int, str], int] = {}
+
+
+def _library_has_hopper(lib) -> bool:
+    plan = abi.VerifyPlan()
+    return lib.kdtree_verify_plan(1, 1, 1, 1, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
+
+
+def selected_kernel(device_index: int | None = None) -> str:
+    """The kernel path verify_attention runs on this GPU: "hopper", "portable" (or "rows32")."""
+    if device_index is None:
+        device_index = torch.cuda.current_device()
+    return abi.CONFIG_NAMES[_kernel_config(_cdll(), device_index)]
+
+
+def _kernel_config(lib, device_index: int) -> int:
+    """KDTREE_KERNEL (auto | portable | hopper | rows32) resolved for one GPU, cached."""
     try:
-        return int(raw)
-    except ValueError:
-        raise KernelInputError(f"KDTREE_KERNEL_CONFIG={raw!r} is not an integer") from None
+        choice = read_kernel_choice()
+    except KdtreeModeError as e:
+        raise KernelInputError(str(e)) from None
+    key = (device_index, choice)
+    config = _resolved.get(key)
+    if config is not None:
+        return config
+    cap = torch.cuda.get_device_capability(device_index)
+    if choice == "auto":
+        config = abi.CONFIG_HOPPER if cap == (9, 0) and _library_has_hopper(lib) else abi.CONFIG_PORTABLE
+    elif choice == "hopper":
+        if cap != (9, 0):
+            raise KernelLibraryError(
+                f"KDTREE_KERNEL=hopper, but GPU {device_index} has compute capability {cap[0]}.{cap[1]}: the Hopper "
+                f"kernel (wgmma, sm_90a) runs on 9.0 (H100/H200) only. Fix: unset KDTREE_KERNEL (auto) or set "
+                f"KDTREE_KERNEL=portable"
+            )
+        if not _library_has_hopper(lib):
+            raise KernelLibraryError(
+                f"KDTREE_KERNEL=hopper, but the kernel library was built without the Hopper kernel. Fix: rebuild "
+                f"with `python -m kdtree_backend.build --arch 90` (sm_90 builds include sm_90a), or unset KDTREE_KERNEL"
+            )
+        config = abi.CONFIG_HOPPER
+    else:
+        config = abi.CONFIG_IDS[choice]
+    _resolved[key] = config
+    return config
 
 
 def _get_plan(lib, device_index: int, stream_ptr: int, batch: int, heads: int, max_qo_len: int, config: int) -> _Plan:
@@ -251,7 +290,7 @@ def verify_attention(
         _probed_devices.add(index)
     with torch.cuda.device(index):
         stream = torch.cuda.current_stream(device)
-        config = _kernel_config()
+        config = _kernel_config(lib, index)
         plan = _get_plan(lib, index, stream.cuda_stream, batch, H, max_qo_len, config)
         p = abi.VerifyParams()
         p.q = q.data_ptr()

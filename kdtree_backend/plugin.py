@@ -32,6 +32,7 @@ from kdtree_backend.config import (
     SUPPORTED_SGLANG_VERSIONS,
     Mode,
     allow_unsupported_sglang,
+    read_kernel_choice,
     read_mode,
     read_validate_settings,
 )
@@ -129,6 +130,7 @@ def preflight_checks(environ: Optional[Mapping[str, str]] = None) -> Mode:
     if mode is Mode.OFF:
         return mode
     read_validate_settings(environ)
+    read_kernel_choice(environ)
     check_sglang_version(environ)
     check_entry_point(environ)
     loader.load_library(check_devices=True, environ=environ)
@@ -312,6 +314,7 @@ def register() -> None:
         from kdtree_backend import loader
 
         read_validate_settings()
+        read_kernel_choice()
         version = check_sglang_version()
         lib = loader.get_library()
         _armed_mode = mode

@@ -125,3 +125,31 @@ def test_validate_settings_defaults_and_values():
     assert read_validate_settings({}) == read_validate_settings({"KDTREE_VALIDATE_ATOL": " "})
     s = read_validate_settings({"KDTREE_VALIDATE_SAMPLE_RATE": "0.25", "KDTREE_VALIDATE_RTOL": "1e-3"})
     assert (s.sample_rate, s.rtol) == (0.25, 1e-3)
+
+
+# --- kernel selection: KDTREE_KERNEL ------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, choice", [(None, "auto"), ("", "auto"), (" Hopper ", "hopper"), ("portable", "portable"),
+                                         ("auto", "auto"), ("rows32", "rows32")])
+def test_kernel_choice_values(raw, choice):
+    from kdtree_backend.config import read_kernel_choice
+
+    assert read_kernel_choice({} if raw is None else {"KDTREE_KERNEL": raw}) == choice
+
+
+@pytest.mark.parametrize("raw", ["wgmma", "1", "sm90", "portable,hopper"])
+def test_bad_kernel_choice_fails_preflight_naming_valid_values(raw):
+    from kdtree_backend import plugin
+    from kdtree_backend.errors import KdtreeModeError
+
+    with pytest.raises(KdtreeModeError) as info:
+        plugin.preflight_checks({"KDTREE_VERIFY": "on", "KDTREE_KERNEL": raw})
+    text = str(info.value)
+    assert "KDTREE_KERNEL" in text and raw in text and "auto, portable, hopper" in text
+
+
+def test_bad_kernel_choice_stops_the_plugin_at_load():
+    proc = run_python(_REGISTER, clean_env(KDTREE_VERIFY="on", KDTREE_KERNEL="fast"))
+    assert proc.returncode == 78, proc.stderr
+    assert "REGISTER RETURNED" not in proc.stdout
+    assert "KDTREE_KERNEL" in proc.stderr.strip().splitlines()[-1]

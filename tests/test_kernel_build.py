@@ -34,6 +34,42 @@ def test_no_spills_on_sm120_and_every_kernel_reported(report):
     assert all(r.spill_loads == r.spill_stores == r.stack_bytes == 0 for r in sm120)
 
 
+def test_hopper_kernel_built_for_sm90a_without_spills_or_wgmma_serialisation(report):
+    hopper = [r for r in report.resources if "hopper" in r.kernel and "verify_attention" in r.kernel]
+    assert len(hopper) == 1 and hopper[0].arch == 90
+    assert hopper[0].spill_stores == hopper[0].spill_loads == hopper[0].stack_bytes == 0
+    assert "Compiling entry function '_ZN6kdtree6hopper30verify_attention_hopper_kernel" in report.ptxas_log
+    assert "for 'sm_90a'" in report.ptxas_log
+    # ptxas serialises wgmma (and warns) when accumulators are touched while in flight.
+    assert "wgmma" not in report.ptxas_log.lower().replace("wgmma_", "")
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    plan = abi.VerifyPlan()
+    assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
+    assert plan.rows_per_tile == 64 and plan.row_tiles == 2
+
+
+def test_sm120_only_build_has_no_hopper_kernel_and_says_so(tmp_path):
+    rep = build.build(tmp_path / abi.LIB_FILENAME, archs=(120,))
+    assert not any("hopper" in r.kernel for r in rep.resources)
+    lib = ctypes.CDLL(str(rep.path))
+    abi.declare_signatures(lib)
+    rc = lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_HOPPER, ctypes.byref(abi.VerifyPlan()))
+    assert rc != 0 and "without the Hopper kernel" in lib.kdtree_error_string(rc).decode()
+
+
+def test_generated_wgmma_wrappers_are_up_to_date():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(build.PACKAGE_DIR).parent
+    spec = importlib.util.spec_from_file_location("gen_wgmma", root / "tools" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (build.CSRC_DIR / "wgmma_ops.cuh").read_text() == gen.render(), (
+        "csrc/wgmma_ops.cuh is stale: run `python tools/gen_wgmma.py > kdtree_backend/csrc/wgmma_ops.cuh`")
+
+
 def test_c_abi_matches_python_mirror(report):
     lib = ctypes.CDLL(str(report.path))
     abi.declare_signatures(lib)

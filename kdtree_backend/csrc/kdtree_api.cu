@@ -8,7 +8,11 @@
 
 #include "combine_kernel.cuh"
 #include "kdtree_api.h"
+#include "launch_plan.h"
 #include "verify_kernel.cuh"
+#ifdef KDTREE_WITH_HOPPER
+#include "hopper_launch.h"
+#endif
 
 #ifndef KDTREE_BUILT_ARCHS
 #error "build with -DKDTREE_BUILT_ARCHS=\"90,120\" (kdtree_backend/build.py does)"
@@ -30,48 +34,13 @@ int fail(int code, const char* fmt, ...) {
 }
 
 constexpr int kMaxDevices = 64;
-// Measured on the H200 (docs/perf-notes.md): 32-128 tie for long prefixes, 64 is best at L=1k,
-// and 512+ starves small batches of CTAs.
-constexpr int kDefaultMinKeysPerSplit = 64;
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
-
-// The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
-// unknown then (CUDA-graph capture sees dummy ones). The main kernel runs one CTA per SM
-// (launch bounds + ~90 KB of shared memory), so pick the count that minimises waves / splits,
-// with a small charge for splitting at all (combine pass, Q re-loads). Short prefixes use fewer
-// splits on the device (min_keys_per_split).
-int choose_splits(int64_t base_ctas, int num_sms) {
-  if (base_ctas >= num_sms) {
-    // Already a full wave: split only if it evens out a ragged last wave.
-    double best_cost = 1e30;
-    int best = 1;
-    for (int s = 1; s <= 4; ++s) {
-      const int64_t waves = (base_ctas * s + num_sms - 1) / num_sms;
-      const double cost = static_cast<double>(waves) / s + (s > 1 ? 0.05 * waves / s + 0.02 : 0.0);
-      if (cost < best_cost - 1e-9) {
-        best_cost = cost;
-        best = s;
-      }
-    }
-    return best;
-  }
-  int s = static_cast<int>(num_sms / base_ctas);
-  return s < 1 ? 1 : (s > kdtree::kMaxSplits ? kdtree::kMaxSplits : s);
-}
 
 template <class Cfg>
 struct Launcher {
   static int plan(int batch, int num_heads, int max_qo_len, int num_sms, KdtreePlan* plan) {
-    const int64_t rows = static_cast<int64_t>(num_heads) * max_qo_len;
-    const int row_tiles = static_cast<int>((rows + Cfg::kM - 1) / Cfg::kM);
-    const int splits = choose_splits(static_cast<int64_t>(batch) * row_tiles, num_sms);
-    plan->num_splits = splits;
-    plan->row_tiles = row_tiles;
-    plan->rows_per_tile = Cfg::kM;
-    plan->min_keys_per_split = kDefaultMinKeysPerSplit;
-    plan->workspace_bytes =
-        splits > 1 ? static_cast<int64_t>(batch) * splits * row_tiles * Cfg::kM * (kdtree::kVDim + 1) * 4 : 0;
+    kdtree::fill_plan(Cfg::kM, batch, num_heads, max_qo_len, num_sms, plan);
     return KDTREE_OK;
   }
 
@@ -101,7 +70,7 @@ struct Launcher {
     const int64_t rows = static_cast<int64_t>(p.num_heads) * p.max_qo_len;
     const int row_tiles = static_cast<int>((rows + Cfg::kM - 1) / Cfg::kM);
     if (p.num_splits > 1) {
-      const int64_t need = static_cast<int64_t>(p.batch) * p.num_splits * row_tiles * Cfg::kM * (kdtree::kVDim + 1) * 4;
+      const int64_t need = kdtree::workspace_bytes(p.batch, p.num_splits, row_tiles, Cfg::kM);
       if (p.workspace == nullptr || p.workspace_bytes < need) {
         return fail(KDTREE_ERR_WORKSPACE, "workspace of %lld bytes is too small: %lld needed for %d splits",
                     static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.num_splits);
@@ -201,7 +170,28 @@ int kdtree_probe_device(int device, char* msg, int msg_len) {
   int prev = 0;
   cudaGetDevice(&prev);
   if (prev != device) cudaSetDevice(device);
-  const int rc = Portable::probe(device, msg, msg_len);
+  int rc = Portable::probe(device, msg, msg_len);
+#ifdef KDTREE_WITH_HOPPER
+  // On a Hopper GPU the Hopper kernel is the default: its image must load too.
+  cudaDeviceProp prop;
+  memset(&prop, 0, sizeof(prop));
+  if (rc == KDTREE_OK && cudaGetDeviceProperties(&prop, device) == cudaSuccess && prop.major == 9 && prop.minor == 0) {
+    char hmsg[256];
+    const int hrc = kdtree::hopper::probe(device, hmsg, sizeof(hmsg));
+    if (hrc != KDTREE_OK) {
+      fail(hrc, "%s", hmsg);
+      rc = hrc;
+    }
+    if (msg && msg_len > 0) {
+      const size_t used = strlen(msg);
+      if (hrc != KDTREE_OK) {
+        snprintf(msg, msg_len, "%s", hmsg);
+      } else if (used + 3 < static_cast<size_t>(msg_len)) {
+        snprintf(msg + used, msg_len - used, "; %s", hmsg);
+      }
+    }
+  }
+#endif
   if (prev != device) cudaSetDevice(prev);
   return rc;
 }
@@ -215,10 +205,19 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
     return fail(KDTREE_ERR_INVALID_ARGUMENT, "max_qo_len %d not in [1, 4096]", max_qo_len);
   if (num_sms < 1) return fail(KDTREE_ERR_INVALID_ARGUMENT, "num_sms %d < 1", num_sms);
   switch (config) {
-    case 0:
+    case KDTREE_CONFIG_PORTABLE:
       return Portable::plan(batch, num_heads, max_qo_len, num_sms, plan);
+    case KDTREE_CONFIG_HOPPER:
+#ifdef KDTREE_WITH_HOPPER
+      kdtree::fill_plan(kdtree::hopper::kRowsPerTile, batch, num_heads, max_qo_len, num_sms, plan);
+      return KDTREE_OK;
+#else
+      return fail(KDTREE_ERR_UNSUPPORTED,
+                  "this library was built without the Hopper kernel (sm_90a): rebuild with "
+                  "`python -m kdtree_backend.build --arch 90` or set KDTREE_KERNEL=portable");
+#endif
 #ifdef KDTREE_EXPERIMENTAL_CONFIGS
-    case 1:
+    case KDTREE_CONFIG_ROWS32:
       return Rows32::plan(batch, num_heads, max_qo_len, num_sms, plan);
 #endif
     default:
@@ -245,10 +244,19 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
   if (p.workspace && !aligned(p.workspace, 16))
     return fail(KDTREE_ERR_INVALID_ARGUMENT, "workspace must be 16-byte aligned");
   switch (p.config) {
-    case 0:
+    case KDTREE_CONFIG_PORTABLE:
       return Portable::run(p, static_cast<cudaStream_t>(stream));
+    case KDTREE_CONFIG_HOPPER: {
+#ifdef KDTREE_WITH_HOPPER
+      char err[512] = "";
+      const int rc = kdtree::hopper::launch(p, static_cast<cudaStream_t>(stream), err, sizeof(err));
+      return rc == KDTREE_OK ? rc : fail(rc, "%s", err);
+#else
+      return fail(KDTREE_ERR_UNSUPPORTED, "this library was built without the Hopper kernel (sm_90a)");
+#endif
+    }
 #ifdef KDTREE_EXPERIMENTAL_CONFIGS
-    case 1:
+    case KDTREE_CONFIG_ROWS32:
       return Rows32::run(p, static_cast<cudaStream_t>(stream));
 #endif
     default:

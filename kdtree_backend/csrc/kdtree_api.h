@@ -56,6 +56,13 @@ typedef struct KdtreePlan {
   int64_t workspace_bytes;
 } KdtreePlan;
 
+// Kernel configurations (KdtreeVerifyParams.config, kdtree_verify_plan's `config`).
+enum KdtreeConfig {
+  KDTREE_CONFIG_PORTABLE = 0,  // mma.sync, sm_90 and sm_120: what the RTX PRO 6000 runs
+  KDTREE_CONFIG_ROWS32 = 1,    // experimental portable variant (built with --experimental only)
+  KDTREE_CONFIG_HOPPER = 2,    // wgmma, sm_90a only (H100/H200); unsupported if built without it
+};
+
 enum KdtreeStatus {
   KDTREE_OK = 0,
   KDTREE_ERR_INVALID_ARGUMENT = 1,

@@ -48,8 +48,25 @@ DEV = "cuda"
 # ------------------------------------------------------------------------------------------
 # fixtures and helpers
 # ------------------------------------------------------------------------------------------
+KERNEL_PATHS = ("portable", "hopper")
+
+
+@pytest.fixture(scope="module", params=KERNEL_PATHS)
+def kernel_path(request):
+    """Every test runs on both kernel paths where the GPU has them (KDTREE_KERNEL forces one)."""
+    if request.param == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Hopper (wgmma) kernel runs on compute capability 9.0 only")
+    old = os.environ.get("KDTREE_KERNEL")
+    os.environ["KDTREE_KERNEL"] = request.param
+    yield request.param
+    if old is None:
+        os.environ.pop("KDTREE_KERNEL", None)
+    else:
+        os.environ["KDTREE_KERNEL"] = old
+
+
 @pytest.fixture(scope="module")
-def ops():
+def ops(kernel_path):
     from kdtree_backend import ops as _ops
 
     if not _ops.kernel_available():
@@ -66,6 +83,16 @@ def ops():
         except Exception as e:  # noqa: BLE001
             pytest.fail(f"kernel library unavailable: {e}")
     return _ops
+
+
+def test_kernel_path_is_the_one_requested(ops, kernel_path):
+    assert ops.selected_kernel() == kernel_path
+
+
+def test_auto_picks_hopper_on_hopper_gpus(ops, monkeypatch):
+    monkeypatch.delenv("KDTREE_KERNEL")
+    expected = "hopper" if torch.cuda.get_device_capability() == (9, 0) else "portable"
+    assert ops.selected_kernel() == expected
 
 
 def _poisoned(batch: "object") -> torch.Tensor:

@@ -1,0 +1,505 @@
+// Hopper (sm_90a) verify kernel: the same semantics, split plan, workspace and combine step as the
+// portable kernel (verify_kernel.cuh), with wgmma tensor cores and 64-key tiles.
+//
+// CTA = 64 query rows of one request x one KV split; 2 warpgroups (256 threads):
+//   WG0 "math":   S = Q K^T over the full 576 depth (36 x wgmma m64n64k16, Q and K from shared
+//                 memory), mask, online softmax (owns the running max / sum), P (bf16) kept in
+//                 registers for its own PV and written to shared memory for WG1, then
+//                 O[:, 0:256] += P V[:, 0:256] (4 x wgmma m64n256k16, P from registers).
+//   WG1 "helper": gathers the K tiles (16-byte cp.async through kv_indices into the 128-byte
+//                 swizzled layout wgmma reads), then O[:, 256:512] += P V[:, 256:512] with P from
+//                 shared memory. Its PV of tile t runs while WG0 computes QK^T of tile t+1.
+// Each K tile is gathered once and feeds QK^T (all 576 columns, K-major) and PV (first 512
+// columns, read N-major through the descriptor's transpose bit): V = K[:, :512].
+//
+// Shared memory (230,160 B of the H200's 232,448 per block):
+//   Q 64 x 576 bf16 (72 KB) | 2 K stages of 64 x 576 (144 KB) | P 64 x 64 bf16 (8 KB) | row stats.
+// Every 576-wide block is stored as 9 column atoms of 64 columns (8 KB each): row r of an atom at
+// r * 128 B, its 16-byte chunk c at ((c ^ (r & 7)) * 16): the canonical 128-byte swizzle.
+//
+// Synchronisation: K stage full = mbarrier completed by WG1's cp.async (noinc arrivals); P full,
+// P free and K stage empty = named barriers between the two warpgroups, used in strict alternation
+// (see the proof in docs/hopper-path.md).
+#pragma once
+#include <cuda_bf16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "kdtree_api.h"
+#include "mma_utils.cuh"
+#include "verify_kernel.cuh"
+#include "wgmma_ops.cuh"
+
+namespace kdtree {
+namespace hopper {
+
+struct HopperConfig {
+  static constexpr int kM = 64;        // query rows per CTA (one wgmma M)
+  static constexpr int kBN = 64;       // keys per tile
+  static constexpr int kThreads = 256;
+  static constexpr int kAtomBytes = 64 * 128;              // 64 rows x 64 bf16 columns
+  static constexpr int kAtoms = kQkDim / 64;               // 9 column atoms per 576-wide block
+  static constexpr int kBlockBytes = kAtoms * kAtomBytes;  // 73,728
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kBlockBytes;
+  static constexpr int kStages = 2;
+  static constexpr int kPOff = kKOff + kStages * kBlockBytes;
+  static constexpr int kAlphaOff = kPOff + kAtomBytes;  // float[64]: this tile's O rescale factors
+  static constexpr int kInvLOff = kAlphaOff + 64 * 4;   // float[64]: 1 / row sum at the end
+  static constexpr int kLseOff = kInvLOff + 64 * 4;     // float[64]: log2-sum-exp at the end
+  static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
+  static constexpr int kSmemBytes = kBarOff + kStages * 8;
+};
+static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
+static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
+              "128-byte swizzle atoms must start on 1024-byte boundaries");
+
+// Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
+constexpr int kBarPFull = 1;
+constexpr int kBarPFree = 2;
+constexpr int kBarKvEmpty = 3;
+constexpr int kBarFinal = 4;
+
+extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
+
+// V (N-major) descriptor offsets: 64-column atoms kAtomBytes apart (leading), 8-key groups 1024 B
+// apart (stride). KDTREE_HOPPER_DIAG_SWAP_V swaps them: a diagnostic build for the first device run.
+#ifdef KDTREE_HOPPER_DIAG_SWAP_V
+constexpr uint32_t kVLeading = 1024, kVStride = HopperConfig::kAtomBytes;
+#else
+constexpr uint32_t kVLeading = HopperConfig::kAtomBytes, kVStride = 1024;
+#endif
+
+// wgmma shared-memory descriptor, 128-byte swizzle. Start address, leading and stride byte
+// offsets are stored >> 4; bits 62-63 = 1 selects the 128-byte swizzle.
+//   K-major (Q, K, P): rows of 128 B, 8-row groups 1024 B apart (stride offset); the leading
+//     offset is unused because one k16 step stays inside a 128-byte row.
+//   N-major (V): 64-column atoms 8192 B apart (leading offset), 8-key groups 1024 B apart.
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = 0;
+  d |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);  // 14 bits: addresses below 256 KB
+  d |= static_cast<uint64_t>((lbo >> 4) & 0x3FFF) << 16;
+  d |= static_cast<uint64_t>((sbo >> 4) & 0x3FFF) << 32;
+  d |= static_cast<uint64_t>(1) << 62;
+  return d;
+}
+
+__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma (async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrives on `bar` when all of this thread's earlier cp.async have landed (count set at init).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// WG0's online-softmax state for its two rows (lane/4 and lane/4 + 8 of its warp's 16).
+struct SoftmaxState {
+  float m[2];
+  float l[2];
+};
+
+// Scale into the log2 domain and mask one 64 x 64 score tile held in wgmma's accumulator layout:
+// s[8*nb + e] is row (warp*16 + lane/4 + 8*(e>>1)), key (8*nb + 2*(lane&3) + (e&1)).
+__device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix,
+                                               int key_base, int prefix, int n, int row0, int lane) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int col_lane = 2 * (lane & 3);
+  if (is_prefix) {
+    const float scale = p.sm_scale * p.k_scale * kLog2e;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int key = key_base + (i >> 2) * 8 + col_lane + (i & 1);
+      s[i] = key < prefix ? s[i] * scale : -CUDART_INF_F;
+    }
+    return;
+  }
+  const uint8_t* mask = nullptr;
+  if (p.custom_mask != nullptr) {
+    mask = reinterpret_cast<const uint8_t*>(p.custom_mask) +
+           __ldg(reinterpret_cast<const int64_t*>(p.mask_indptr) + blockIdx.z);
+  }
+  const int mask_row_stride = prefix + n;
+  const int heads = p.num_heads;
+  const float scale = p.sm_scale * kLog2e;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = row0 + rr * 8;
+    const bool row_valid = r < n * heads;
+    const int query = row_valid ? r / heads : 0;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+      for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+        const int key = key_base + nb * 8 + col_lane + (e & 1);
+        bool visible;
+        if (!row_valid) {
+          visible = key == 0;  // rows past the request: keep them finite, never stored
+        } else if (key >= n) {
+          visible = false;
+        } else if (mask != nullptr) {
+          visible = mask[static_cast<int64_t>(query) * mask_row_stride + prefix + key] != 0;
+        } else {
+          visible = key <= query;
+        }
+        s[nb * 4 + e] = visible ? s[nb * 4 + e] * scale : -CUDART_INF_F;
+      }
+  }
+}
+
+// Online softmax on one tile (lazy reference max, as in the portable kernel): turns s into
+// unnormalised probabilities and returns each row's O rescale factor (1 when the max did not move).
+__device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st, float (&alpha)[2], bool& any_move) {
+  constexpr float kRescaleThreshold = 8.f;
+  bool move[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb * 4 + 2 * rr], s[nb * 4 + 2 * rr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    move[rr] = mx > st.m[rr] + kRescaleThreshold;  // also true the first time a row sees a key
+    const float m_new = move[rr] ? mx : st.m[rr];
+    alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
+    st.l[rr] *= alpha[rr];
+    st.m[rr] = m_new;
+  }
+  any_move = __any_sync(0xffffffffu, move[0] || move[1]);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
+    float sum = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) {
+      s[nb * 4 + 2 * rr] = exp2f(s[nb * 4 + 2 * rr] - base);
+      s[nb * 4 + 2 * rr + 1] = exp2f(s[nb * 4 + 2 * rr + 1] - base);
+      sum += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
+    }
+    st.l[rr] += sum;
+  }
+}
+
+__device__ __forceinline__ void rescale(float (&o)[128], const float (&alpha)[2]) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+}
+
+// Writes this thread's 2 rows x 256 columns of O (already normalised by 1/l) to `out` (bf16) or to
+// the split workspace (fp32).
+__device__ __forceinline__ void store_half(const float (&o)[128], const float (&inv_l)[2], const KdtreeVerifyParams& p,
+                                           const RequestView& req, int b, int split, int row_tile, int num_row_tiles,
+                                           int row_in_tile0, int col_half, int lane, bool direct) {
+  const int H = p.num_heads;
+  const int rows = req.n * H;
+  const int col_lane = col_half * 256 + 2 * (lane & 3);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = row_tile * HopperConfig::kM + row_in_tile0 + rr * 8;
+    if (r >= rows) continue;
+    if (direct) {
+      const int tok = r / H, head = r - (r / H) * H;
+      __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
+                           static_cast<int64_t>(head) * kVDim + col_lane;
+#pragma unroll
+      for (int nb = 0; nb < 32; ++nb) {
+        *reinterpret_cast<uint32_t*>(dst + nb * 8) =
+            pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
+      }
+    } else {
+      const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + r;
+      float* ws_o = reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col_lane;
+#pragma unroll
+      for (int nb = 0; nb < 32; ++nb) {
+        *reinterpret_cast<float2*>(ws_o + nb * 8) =
+            make_float2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_hopper_kernel(const KdtreeVerifyParams p) {
+  using Cfg = HopperConfig;
+  const int row_tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int b = blockIdx.z;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int wg = tid >> 7;           // 0: math, 1: helper
+  const int warp_in_wg = (tid >> 5) & 3;
+
+  const RequestView req = load_request(p, b);
+  const int H = p.num_heads;
+  const int rows = req.n * H;
+  if (row_tile * Cfg::kM >= rows) return;
+  const SplitWork w = split_work(req.prefix, req.n, p.num_splits,
+                                 min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
+  const int t_begin = split * w.tiles_per_split;
+  if (t_begin >= w.key_tiles) return;
+  const int t_end = min(w.key_tiles, t_begin + w.tiles_per_split);
+  const int num_tiles = t_end - t_begin;
+
+  const uint32_t smem = smem_addr(g_hopper_smem);
+  if ((smem & 1023) != 0) __trap();  // the swizzle pattern is tied to 1024-byte-aligned atoms
+  const uint32_t sQ = smem + Cfg::kQOff;
+  const uint32_t sK = smem + Cfg::kKOff;
+  const uint32_t sP = smem + Cfg::kPOff;
+  float* s_alpha = reinterpret_cast<float*>(g_hopper_smem + Cfg::kAlphaOff);
+  float* s_inv_l = reinterpret_cast<float*>(g_hopper_smem + Cfg::kInvLOff);
+  float* s_lse = reinterpret_cast<float*>(g_hopper_smem + Cfg::kLseOff);
+  const uint32_t bar_full = smem + Cfg::kBarOff;  // + 8 * stage
+
+  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(p.q);
+  const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
+  const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
+  const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
+
+  if (tid == 0) {
+    mbar_init(bar_full, 128);
+    mbar_init(bar_full + 8, 128);
+  }
+  // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
+  {
+    const int row = tid >> 2;
+    const int r = row_tile * Cfg::kM + row;
+    const bool valid = r < rows;
+    const int tok = valid ? r / H : 0;
+    const int head = valid ? r - tok * H : 0;
+    const __nv_bfloat16* src = q + (req.q0 + tok) * p.q_stride_tok + static_cast<int64_t>(head) * p.q_stride_head;
+#pragma unroll
+    for (int u = 0; u < kRowChunks / 4; ++u) {
+      const int c = (tid & 3) + 4 * u;
+      cp_async_16(sQ + (c >> 3) * Cfg::kAtomBytes + swizzled(row, c), src + c * 8, valid);
+    }
+    cp_async_commit();
+  }
+
+  // ---- The helper's K gather: thread j of WG1 copies 16-byte chunk (j & 7) of each 64-column atom
+  // for keys 16u + j/8 (u = 0..3): a warp reads 4 whole 128-byte segments per instruction.
+  const int j = tid & 127;
+  const int gather_chunk = j & 7;
+  const int gather_key0 = j >> 3;  // + 16u
+  auto fetch_slots = [&](int tile, int (&slots)[4]) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      slots[u] = -1;
+      if (tile < t_end && tile < w.prefix_tiles) {
+        const int key = tile * Cfg::kBN + gather_key0 + 16 * u;
+        if (key < req.prefix) {
+          const int64_t slot = __ldg(kv_indices + req.kv0 + key);
+          slots[u] = (slot >= 0 && slot < p.kv_num_slots) ? static_cast<int>(slot) : -1;
+        }
+      }
+    }
+  };
+  auto issue_tile = [&](int tile, const int (&slots)[4]) {
+    const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int key_local = gather_key0 + 16 * u;
+      const __nv_bfloat16* src;
+      bool valid;
+      if (tile < w.prefix_tiles) {
+        valid = slots[u] >= 0;
+        src = kv + static_cast<int64_t>(valid ? slots[u] : 0) * p.kv_stride_slot;
+      } else {
+        const int c = (tile - w.prefix_tiles) * Cfg::kBN + key_local;
+        valid = c < req.n;
+        src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
+      }
+      const uint32_t dst = dst_base + swizzled(key_local, gather_chunk);
+#pragma unroll
+      for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
+    }
+    cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
+  };
+
+  int slots[4];
+  if (wg == 1) {
+    fetch_slots(t_begin, slots);
+  }
+  cp_async_wait<0>();  // Q (each thread waits for its own copies)
+  fence_proxy_async();
+  __syncthreads();     // Q visible to everyone; mbarriers initialised
+  if (wg == 1) {
+    issue_tile(t_begin, slots);
+    if (t_begin + 1 < t_end) {
+      fetch_slots(t_begin + 1, slots);
+      issue_tile(t_begin + 1, slots);
+    }
+    fetch_slots(t_begin + 2, slots);
+  }
+
+  float o[128];
+  const bool direct = w.active == 1;
+  const int num_row_tiles = gridDim.x;
+  const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
+
+  if (wg == 0) {
+    // =========================== math warpgroup ===========================
+    SoftmaxState st;
+    st.m[0] = st.m[1] = -CUDART_INF_F;
+    st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    const int row0 = row_tile * Cfg::kM + row_in_tile0;
+    for (int i = 0; i < num_tiles; ++i) {
+      const int t = t_begin + i;
+      const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
+      fence_proxy_async();
+
+      // S = Q K^T over 36 k16 steps (4 per 64-column atom).
+      // Descriptors advance by adding (byte offset >> 4) to the start-address field: every
+      // address stays below 256 KB, so the 14-bit field never carries.
+      float s[32];
+      const uint64_t desc_q = make_desc(sQ, 16, 1024);
+      const uint64_t desc_k = make_desc(stage, 16, 1024);
+      wgmma_fence_operand(s);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 36; ++ks) {
+        const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
+        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(s);
+
+      const bool is_prefix = t < w.prefix_tiles;
+      const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
+      scale_and_mask(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane);
+      float alpha[2];
+      bool any_move;
+      online_softmax(s, st, alpha, any_move);
+
+      // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
+      const float ps = is_prefix ? p.v_scale : 1.f;
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
+        pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
+        pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
+        pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
+      }
+      if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
+      {
+        uint8_t* p_smem = g_hopper_smem + Cfg::kPOff;
+        const int r_lo = row_in_tile0, r_hi = row_in_tile0 + 8;
+        const int byte = 4 * (lane & 3);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk) + byte) = pa[kk][0];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk) + byte) = pa[kk][1];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk + 1) + byte) = pa[kk][2];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk + 1) + byte) = pa[kk][3];
+        }
+        if ((lane & 3) == 0) {
+          s_alpha[r_lo] = alpha[0];
+          s_alpha[r_hi] = alpha[1];
+        }
+      }
+      fence_proxy_async();
+      named_arrive(kBarPFull, 256);
+
+      // O[:, 0:256] = alpha * O + P V[:, 0:256]
+      if (any_move) rescale(o, alpha);
+      wgmma_fence_operand(o);
+      wgmma_fence();
+      const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+      if (i + 2 < num_tiles) named_arrive(kBarKvEmpty, 256);  // the helper may refill this stage
+    }
+    // Row statistics for the helper and for the split combine.
+    float inv_l[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float l = st.l[rr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv_l[rr] = l > 0.f ? 1.f / l : 0.f;
+      if ((lane & 3) == 0) {
+        s_inv_l[row_in_tile0 + 8 * rr] = inv_l[rr];
+        s_lse[row_in_tile0 + 8 * rr] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
+      }
+    }
+    named_barrier(kBarFinal, 256);
+    store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, direct);
+    if (!direct && (lane & 3) == 0) {
+      const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * Cfg::kM * kVDim;
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int r = row_tile * Cfg::kM + row_in_tile0 + 8 * rr;
+        if (r < rows) {
+          const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * Cfg::kM) + r;
+          reinterpret_cast<float*>(p.workspace)[lse_base + ws_row] = s_lse[row_in_tile0 + 8 * rr];
+        }
+      }
+    }
+  } else {
+    // =========================== helper warpgroup ===========================
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    for (int i = 0; i < num_tiles; ++i) {
+      const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
+      named_barrier(kBarPFull, 256);
+      fence_proxy_async();
+      const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
+      rescale(o, alpha);
+      wgmma_fence_operand(o);
+      wgmma_fence();
+      const uint64_t desc_p = make_desc(sP, 16, 1024);
+      const uint64_t desc_v = make_desc(stage + 4 * Cfg::kAtomBytes, kVLeading, kVStride);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+      if (i + 2 < num_tiles) {
+        // Refill this stage with tile t+2 once WG0's PV of tile t is done too; only then free P
+        // (WG0 cannot reach its next K-empty arrival before it has P free: strict alternation).
+        named_barrier(kBarKvEmpty, 256);
+        issue_tile(t_begin + i + 2, slots);
+        fetch_slots(t_begin + i + 3, slots);
+      }
+      if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);
+    }
+    named_barrier(kBarFinal, 256);
+    const float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
+    store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, direct);
+  }
+}
+
+}  // namespace hopper
+}  // namespace kdtree

@@ -1,0 +1,111 @@
+// Host side of the Hopper configuration. This file is compiled for sm_90a only
+// (-gencode=arch=compute_90a,code=sm_90a): wgmma exists on no other target, and a kernel that
+// has no image for a GPU fails loudly at cudaFuncSetAttribute instead of running a stub.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+#include "combine_kernel.cuh"
+#include "hopper_kernel.cuh"
+#include "hopper_launch.h"
+#include "launch_plan.h"
+
+namespace kdtree {
+namespace hopper {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+int error_code(cudaError_t e) {
+  return (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice) ? KDTREE_ERR_NO_KERNEL_IMAGE
+                                                                                       : KDTREE_ERR_CUDA;
+}
+
+int ensure_smem_attribute(int device, char* err, size_t err_len) {
+  static std::atomic<bool> done[kMaxDevices];
+  if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire)) return KDTREE_OK;
+  const cudaError_t e = cudaFuncSetAttribute(verify_attention_hopper_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, HopperConfig::kSmemBytes);
+  if (e != cudaSuccess) {
+    snprintf(err, err_len,
+             "the Hopper kernel cannot run on device %d: cudaFuncSetAttribute(%d bytes of shared memory) failed: %s "
+             "(it is built for sm_90a only: H100/H200; set KDTREE_KERNEL=portable elsewhere)",
+             device, HopperConfig::kSmemBytes, cudaGetErrorString(e));
+    return error_code(e);
+  }
+  if (device >= 0 && device < kMaxDevices) done[device].store(true, std::memory_order_release);
+  return KDTREE_OK;
+}
+
+}  // namespace
+
+static_assert(kRowsPerTile == HopperConfig::kM, "hopper_launch.h and the kernel disagree on the row tile");
+static_assert(kMaxSplitsPlan == kMaxSplits, "launch_plan.h and combine_kernel.cuh disagree on the split limit");
+
+int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t err_len) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) {
+    snprintf(err, err_len, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+    return KDTREE_ERR_CUDA;
+  }
+  int rc = ensure_smem_attribute(device, err, err_len);
+  if (rc != KDTREE_OK) return rc;
+  const int64_t rows = static_cast<int64_t>(p.num_heads) * p.max_qo_len;
+  const int row_tiles = static_cast<int>((rows + HopperConfig::kM - 1) / HopperConfig::kM);
+  if (p.num_splits > 1) {
+    const int64_t need = workspace_bytes(p.batch, p.num_splits, row_tiles, HopperConfig::kM);
+    if (p.workspace == nullptr || p.workspace_bytes < need) {
+      snprintf(err, err_len, "workspace of %lld bytes is too small: %lld needed for %d splits",
+               static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.num_splits);
+      return KDTREE_ERR_WORKSPACE;
+    }
+  }
+  if (row_tiles > 65535 * 64) {
+    snprintf(err, err_len, "too many query rows per request");
+    return KDTREE_ERR_UNSUPPORTED;
+  }
+  dim3 grid(row_tiles, p.num_splits, p.batch);
+  verify_attention_hopper_kernel<<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    snprintf(err, err_len, "launch of the Hopper verify kernel (grid %d x %d x %d) failed: %s", row_tiles,
+             p.num_splits, p.batch, cudaGetErrorString(e));
+    return error_code(e);
+  }
+  if (p.num_splits > 1) {
+    dim3 cgrid((row_tiles * HopperConfig::kM + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock, p.batch);
+    combine_splits_kernel<HopperConfig><<<cgrid, kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      snprintf(err, err_len, "launch of the split-combine kernel (Hopper) failed: %s", cudaGetErrorString(e));
+      return KDTREE_ERR_CUDA;
+    }
+  }
+  return KDTREE_OK;
+}
+
+int probe(int device, char* msg, size_t msg_len) {
+  cudaFuncAttributes attr;
+  const cudaError_t e = cudaFuncGetAttributes(&attr, verify_attention_hopper_kernel);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    snprintf(msg, msg_len, "no Hopper (sm_90a) kernel image for device %d: %s", device, cudaGetErrorString(e));
+    return error_code(e);
+  }
+  int optin = 0;
+  cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (optin < HopperConfig::kSmemBytes) {
+    snprintf(msg, msg_len, "device %d allows %d bytes of shared memory per block; the Hopper kernel needs %d", device,
+             optin, HopperConfig::kSmemBytes);
+    return KDTREE_ERR_UNSUPPORTED;
+  }
+  snprintf(msg, msg_len, "Hopper kernel: sm_%d binary, %d registers/thread, %d B dynamic shared memory, %d local bytes",
+           attr.binaryVersion, attr.numRegs, HopperConfig::kSmemBytes, static_cast<int>(attr.localSizeBytes));
+  return KDTREE_OK;
+}
+
+}  // namespace hopper
+}  // namespace kdtree

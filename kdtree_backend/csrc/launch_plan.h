@@ -1,0 +1,56 @@
+// Host-side launch planning shared by every kernel configuration (portable and Hopper): the split
+// count and the workspace layout. Pure arithmetic, no CUDA calls.
+#pragma once
+#include <stdint.h>
+
+#include "kdtree_api.h"
+
+namespace kdtree {
+
+constexpr int kMaxSplitsPlan = 128;  // = kMaxSplits in combine_kernel.cuh (static_assert there)
+constexpr int kVDimPlan = 512;
+// Measured on the H200 (docs/perf-notes.md): 32-128 tie for long prefixes, 64 is best at L=1k,
+// and 512+ starves small batches of CTAs.
+constexpr int kDefaultMinKeysPerSplit = 64;
+
+// The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
+// unknown then (CUDA-graph capture sees dummy ones). The main kernels run one CTA per SM
+// (launch bounds + their shared memory), so pick the count that minimises waves / splits, with a
+// small charge for splitting at all (combine pass, Q re-loads). Short prefixes use fewer splits
+// on the device (min_keys_per_split).
+inline int choose_splits(int64_t base_ctas, int num_sms) {
+  if (base_ctas >= num_sms) {
+    // Already a full wave: split only if it evens out a ragged last wave.
+    double best_cost = 1e30;
+    int best = 1;
+    for (int s = 1; s <= 4; ++s) {
+      const int64_t waves = (base_ctas * s + num_sms - 1) / num_sms;
+      const double cost = static_cast<double>(waves) / s + (s > 1 ? 0.05 * waves / s + 0.02 : 0.0);
+      if (cost < best_cost - 1e-9) {
+        best_cost = cost;
+        best = s;
+      }
+    }
+    return best;
+  }
+  int s = static_cast<int>(num_sms / base_ctas);
+  return s < 1 ? 1 : (s > kMaxSplitsPlan ? kMaxSplitsPlan : s);
+}
+
+// Split partials: per (request, split, row) 512 fp32 values, then one fp32 log2-sum-exp per row.
+inline int64_t workspace_bytes(int batch, int splits, int row_tiles, int rows_per_tile) {
+  return splits > 1 ? static_cast<int64_t>(batch) * splits * row_tiles * rows_per_tile * (kVDimPlan + 1) * 4 : 0;
+}
+
+inline void fill_plan(int rows_per_tile, int batch, int num_heads, int max_qo_len, int num_sms, KdtreePlan* plan) {
+  const int64_t rows = static_cast<int64_t>(num_heads) * max_qo_len;
+  const int row_tiles = static_cast<int>((rows + rows_per_tile - 1) / rows_per_tile);
+  const int splits = choose_splits(static_cast<int64_t>(batch) * row_tiles, num_sms);
+  plan->num_splits = splits;
+  plan->row_tiles = row_tiles;
+  plan->rows_per_tile = rows_per_tile;
+  plan->min_keys_per_split = kDefaultMinKeysPerSplit;
+  plan->workspace_bytes = workspace_bytes(batch, splits, row_tiles, rows_per_tile);
+}
+
+}  // namespace kdtree
