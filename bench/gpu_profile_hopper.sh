@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# ncu on the Hopper kernel, one large shape: speed-of-light, stalls, and per-instruction (SASS)
+# stall samples as CSV for offline reading.
+#   (device) bash bench/gpu_profile_hopper.sh [B,H,n,L]
+set -uo pipefail
+source bench/gpu_env.sh
+shape=${1:-32,16,64,8192}
+export KDTREE_KERNEL=hopper
+timeout 200 ncu --clock-control none --kernel-name regex:hopper_kernel --launch-skip 1 --launch-count 1 \
+  --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+  --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section LaunchStats --section Occupancy \
+  --section SourceCounters --import-source no -o /tmp/prof python3 bench/smoke.py --profile-shape "$shape" \
+  > "$OUT/ncu_run.log" 2>&1
+echo "ncu rc=$?"
+ncu -i /tmp/prof.ncu-rep --print-units base > "$OUT/ncu.log" 2>&1
+grep -vE "^\s*$|----" "$OUT/ncu.log" | grep -E "Duration|Throughput|Stall|Warp Cycles|Issue|Pipe|Bank|Eligible|Active Warps|Registers|L1/TEX Hit|L2 Hit|Executed Ipc|SM Busy|Memory \[%\]|Compute \(SM\)|One or More|No Eligible|DRAM|Tensor" | head -50
+ncu -i /tmp/prof.ncu-rep --page source --csv --print-source sass > "$OUT/sass_stalls.csv" 2>/dev/null
+echo "sass csv $(wc -l < "$OUT/sass_stalls.csv") lines"
