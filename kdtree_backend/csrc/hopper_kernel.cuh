@@ -12,14 +12,14 @@
 // Each K tile is gathered once and feeds QK^T (all 576 columns, K-major) and PV (first 512
 // columns, read N-major through the descriptor's transpose bit): V = K[:, :512].
 //
-// Shared memory (230,160 B of the H200's 232,448 per block):
+// Shared memory (230,176 B of the H200's 232,448 per block):
 //   Q 64 x 576 bf16 (72 KB) | 2 K stages of 64 x 576 (144 KB) | P 64 x 64 bf16 (8 KB) | row stats.
 // Every 576-wide block is stored as 9 column atoms of 64 columns (8 KB each): row r of an atom at
 // r * 128 B, its 16-byte chunk c at ((c ^ (r & 7)) * 16): the canonical 128-byte swizzle.
 //
-// Synchronisation: K stage full = mbarrier completed by WG1's cp.async (noinc arrivals); P full,
-// P free and K stage empty = named barriers between the two warpgroups, used in strict alternation
-// (see the proof in docs/hopper-path.md).
+// Synchronisation: K stage full = mbarrier completed by WG1's cp.async (noinc arrivals); K stage
+// empty = mbarrier WG0's threads arrive on after their PV of the stage; P full / P free = named
+// barriers between the two warpgroups, in strict alternation (docs/hopper-path.md).
 #pragma once
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -48,7 +48,8 @@ struct HopperConfig {
   static constexpr int kInvLOff = kAlphaOff + 64 * 4;   // float[64]: 1 / row sum at the end
   static constexpr int kLseOff = kInvLOff + 64 * 4;     // float[64]: log2-sum-exp at the end
   static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
-  static constexpr int kSmemBytes = kBarOff + kStages * 8;
+  static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
+  static constexpr int kSmemBytes = kEmptyBarOff + kStages * 8;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
@@ -57,18 +58,13 @@ static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0
 // Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
 constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
-constexpr int kBarKvEmpty = 3;
 constexpr int kBarFinal = 4;
 
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
 
 // V (N-major) descriptor offsets: 64-column atoms kAtomBytes apart (leading), 8-key groups 1024 B
-// apart (stride). KDTREE_HOPPER_DIAG_SWAP_V swaps them: a diagnostic build for the first device run.
-#ifdef KDTREE_HOPPER_DIAG_SWAP_V
-constexpr uint32_t kVLeading = 1024, kVStride = HopperConfig::kAtomBytes;
-#else
+// apart (stride). Checked on the H200 against the float64 reference (docs/perf-notes.md, h1).
 constexpr uint32_t kVLeading = HopperConfig::kAtomBytes, kVStride = 1024;
-#endif
 
 // wgmma shared-memory descriptor, 128-byte swizzle. Start address, leading and stride byte
 // offsets are stored >> 4; bits 62-63 = 1 selects the 128-byte swizzle.
@@ -113,6 +109,9 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -272,7 +271,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   float* s_alpha = reinterpret_cast<float*>(g_hopper_smem + Cfg::kAlphaOff);
   float* s_inv_l = reinterpret_cast<float*>(g_hopper_smem + Cfg::kInvLOff);
   float* s_lse = reinterpret_cast<float*>(g_hopper_smem + Cfg::kLseOff);
-  const uint32_t bar_full = smem + Cfg::kBarOff;  // + 8 * stage
+  const uint32_t bar_full = smem + Cfg::kBarOff;        // + 8 * stage
+  const uint32_t bar_empty = smem + Cfg::kEmptyBarOff;  // + 8 * stage
 
   const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(p.q);
   const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
@@ -282,6 +282,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   if (tid == 0) {
     mbar_init(bar_full, 128);
     mbar_init(bar_full + 8, 128);
+    mbar_init(bar_empty, 128);
+    mbar_init(bar_empty + 8, 128);
   }
   // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
   {
@@ -304,20 +306,19 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   const int j = tid & 127;
   const int gather_chunk = j & 7;
   const int gather_key0 = j >> 3;  // + 16u
-  auto fetch_slots = [&](int tile, int (&slots)[4]) {
+  // Slot ids are fetched a tile ahead and range-checked only when the copy is issued, so the
+  // index load's latency hides behind the next PV (checking at once stalled WG1: perf-notes h1).
+  auto fetch_slots = [&](int tile, int64_t (&slots)[4]) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       slots[u] = -1;
       if (tile < t_end && tile < w.prefix_tiles) {
         const int key = tile * Cfg::kBN + gather_key0 + 16 * u;
-        if (key < req.prefix) {
-          const int64_t slot = __ldg(kv_indices + req.kv0 + key);
-          slots[u] = (slot >= 0 && slot < p.kv_num_slots) ? static_cast<int>(slot) : -1;
-        }
+        if (key < req.prefix) slots[u] = __ldg(kv_indices + req.kv0 + key);
       }
     }
   };
-  auto issue_tile = [&](int tile, const int (&slots)[4]) {
+  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -325,8 +326,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       const __nv_bfloat16* src;
       bool valid;
       if (tile < w.prefix_tiles) {
-        valid = slots[u] >= 0;
-        src = kv + static_cast<int64_t>(valid ? slots[u] : 0) * p.kv_stride_slot;
+        valid = slots[u] >= 0 && slots[u] < p.kv_num_slots;  // out of range reads as zeros
+        src = kv + (valid ? slots[u] : 0) * p.kv_stride_slot;
       } else {
         const int c = (tile - w.prefix_tiles) * Cfg::kBN + key_local;
         valid = c < req.n;
@@ -339,7 +340,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
 
-  int slots[4];
+  int64_t slots[4];
   if (wg == 1) {
     fetch_slots(t_begin, slots);
   }
@@ -438,7 +439,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(o);
-      if (i + 2 < num_tiles) named_arrive(kBarKvEmpty, 256);  // the helper may refill this stage
+      if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
     }
     // Row statistics for the helper and for the split combine.
     float inv_l[2];
@@ -486,14 +487,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(o);
+      if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // WG0 may write P of tile t+1
       if (i + 2 < num_tiles) {
-        // Refill this stage with tile t+2 once WG0's PV of tile t is done too; only then free P
-        // (WG0 cannot reach its next K-empty arrival before it has P free: strict alternation).
-        named_barrier(kBarKvEmpty, 256);
+        // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
+        // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
+        mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
         issue_tile(t_begin + i + 2, slots);
         fetch_slots(t_begin + i + 3, slots);
       }
-      if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);
     }
     named_barrier(kBarFinal, 256);
     const float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
