@@ -131,6 +131,11 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
   const int col_lane = 2 * (lane & 3);
   if (is_prefix) {
     const float scale = p.sm_scale * p.k_scale * kLog2e;
+    if (key_base + 64 <= prefix) {  // a full prefix tile: nothing to mask
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] *= scale;
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int key = key_base + (i >> 2) * 8 + col_lane + (i & 1);
@@ -286,7 +291,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     mbar_init(bar_empty + 8, 128);
   }
   // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
-  {
+  auto load_q = [&]() {
     const int row = tid >> 2;
     const int r = row_tile * Cfg::kM + row;
     const bool valid = r < rows;
@@ -299,7 +304,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       cp_async_16(sQ + (c >> 3) * Cfg::kAtomBytes + swizzled(row, c), src + c * 8, valid);
     }
     cp_async_commit();
-  }
+  };
 
   // ---- The helper's K gather: thread j of WG1 copies 16-byte chunk (j & 7) of each 64-column atom
   // for keys 16u + j/8 (u = 0..3): a warp reads 4 whole 128-byte segments per instruction.
@@ -340,13 +345,12 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
 
+  // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
+  // waiting for Q, the first two K tiles (tracked by their mbarriers only).
   int64_t slots[4];
-  if (wg == 1) {
-    fetch_slots(t_begin, slots);
-  }
-  cp_async_wait<0>();  // Q (each thread waits for its own copies)
-  fence_proxy_async();
-  __syncthreads();     // Q visible to everyone; mbarriers initialised
+  if (wg == 1) fetch_slots(t_begin, slots);
+  __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
+  load_q();
   if (wg == 1) {
     issue_tile(t_begin, slots);
     if (t_begin + 1 < t_end) {
@@ -355,6 +359,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     }
     fetch_slots(t_begin + 2, slots);
   }
+  cp_async_wait<0>();  // this thread's Q group (the tiles' copies belong to no group)
+  fence_proxy_async();
+  __syncthreads();     // Q visible to everyone
 
   float o[128];
   const bool direct = w.active == 1;

@@ -40,7 +40,7 @@ bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p
 template <class Cfg>
 struct Launcher {
   static int plan(int batch, int num_heads, int max_qo_len, int num_sms, KdtreePlan* plan) {
-    kdtree::fill_plan(Cfg::kM, batch, num_heads, max_qo_len, num_sms, plan);
+    kdtree::fill_plan(Cfg::kM, kdtree::kDefaultMinKeysPerSplit, batch, num_heads, max_qo_len, num_sms, plan);
     return KDTREE_OK;
   }
 
@@ -209,7 +209,7 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
       return Portable::plan(batch, num_heads, max_qo_len, num_sms, plan);
     case KDTREE_CONFIG_HOPPER:
 #ifdef KDTREE_WITH_HOPPER
-      kdtree::fill_plan(kdtree::hopper::kRowsPerTile, batch, num_heads, max_qo_len, num_sms, plan);
+      kdtree::fill_plan(kdtree::hopper::kRowsPerTile, kdtree::kHopperMinKeysPerSplit, batch, num_heads, max_qo_len, num_sms, plan);
       return KDTREE_OK;
 #else
       return fail(KDTREE_ERR_UNSUPPORTED,

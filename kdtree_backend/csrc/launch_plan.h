@@ -9,9 +9,11 @@ namespace kdtree {
 
 constexpr int kMaxSplitsPlan = 128;  // = kMaxSplits in combine_kernel.cuh (static_assert there)
 constexpr int kVDimPlan = 512;
-// Measured on the H200 (docs/perf-notes.md): 32-128 tie for long prefixes, 64 is best at L=1k,
-// and 512+ starves small batches of CTAs.
+// Measured on the H200 (docs/perf-notes.md). Portable: 32-128 tie for long prefixes, 64 is best
+// at L=1k, 512+ starves small batches of CTAs. Hopper: its CTAs are faster per tile and pay more
+// per CTA (a 72 KB Q tile, 128 KB of partials), so longer splits win (h2 sweep).
 constexpr int kDefaultMinKeysPerSplit = 64;
+constexpr int kHopperMinKeysPerSplit = 256;
 
 // The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
 // unknown then (CUDA-graph capture sees dummy ones). The main kernels run one CTA per SM
@@ -42,14 +44,15 @@ inline int64_t workspace_bytes(int batch, int splits, int row_tiles, int rows_pe
   return splits > 1 ? static_cast<int64_t>(batch) * splits * row_tiles * rows_per_tile * (kVDimPlan + 1) * 4 : 0;
 }
 
-inline void fill_plan(int rows_per_tile, int batch, int num_heads, int max_qo_len, int num_sms, KdtreePlan* plan) {
+inline void fill_plan(int rows_per_tile, int min_keys_per_split, int batch, int num_heads, int max_qo_len, int num_sms,
+                      KdtreePlan* plan) {
   const int64_t rows = static_cast<int64_t>(num_heads) * max_qo_len;
   const int row_tiles = static_cast<int>((rows + rows_per_tile - 1) / rows_per_tile);
   const int splits = choose_splits(static_cast<int64_t>(batch) * row_tiles, num_sms);
   plan->num_splits = splits;
   plan->row_tiles = row_tiles;
   plan->rows_per_tile = rows_per_tile;
-  plan->min_keys_per_split = kDefaultMinKeysPerSplit;
+  plan->min_keys_per_split = min_keys_per_split;
   plan->workspace_bytes = workspace_bytes(batch, splits, row_tiles, rows_per_tile);
 }
 
