@@ -209,7 +209,8 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
       return Portable::plan(batch, num_heads, max_qo_len, num_sms, plan);
     case KDTREE_CONFIG_HOPPER:
 #ifdef KDTREE_WITH_HOPPER
-      kdtree::fill_plan(kdtree::hopper::kRowsPerTile, kdtree::kHopperMinKeysPerSplit, batch, num_heads, max_qo_len, num_sms, plan);
+      kdtree::fill_plan(kdtree::hopper::kRowsPerTile, kdtree::kDefaultMinKeysPerSplit, batch, num_heads, max_qo_len, num_sms,
+                        plan, kdtree::kHopperTinyBatchTiles);
       return KDTREE_OK;
 #else
       return fail(KDTREE_ERR_UNSUPPORTED,

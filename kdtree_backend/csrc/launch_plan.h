@@ -13,7 +13,9 @@ constexpr int kVDimPlan = 512;
 // at L=1k, 512+ starves small batches of CTAs. Hopper: its CTAs are faster per tile and pay more
 // per CTA (a 72 KB Q tile, 128 KB of partials), so longer splits win (h2 sweep).
 constexpr int kDefaultMinKeysPerSplit = 64;
-constexpr int kHopperMinKeysPerSplit = 256;
+// Hopper: a batch of at most kHopperTinyBatchTiles row tiles is split over ~half the SMs only:
+// 132 short splits write and re-read more fp32 partials than their parallelism saves (h3 sweep).
+constexpr int kHopperTinyBatchTiles = 8;
 
 // The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
 // unknown then (CUDA-graph capture sees dummy ones). The main kernels run one CTA per SM
@@ -45,10 +47,12 @@ inline int64_t workspace_bytes(int batch, int splits, int row_tiles, int rows_pe
 }
 
 inline void fill_plan(int rows_per_tile, int min_keys_per_split, int batch, int num_heads, int max_qo_len, int num_sms,
-                      KdtreePlan* plan) {
+                      KdtreePlan* plan, int tiny_batch_tiles = 0) {
   const int64_t rows = static_cast<int64_t>(num_heads) * max_qo_len;
   const int row_tiles = static_cast<int>((rows + rows_per_tile - 1) / rows_per_tile);
-  const int splits = choose_splits(static_cast<int64_t>(batch) * row_tiles, num_sms);
+  const int64_t base_ctas = static_cast<int64_t>(batch) * row_tiles;
+  const int target_sms = (base_ctas <= tiny_batch_tiles && num_sms >= 2) ? num_sms / 2 : num_sms;
+  const int splits = choose_splits(base_ctas, target_sms);
   plan->num_splits = splits;
   plan->row_tiles = row_tiles;
   plan->rows_per_tile = rows_per_tile;
