@@ -49,8 +49,8 @@ def test_hopper_kernel_built_for_sm90a_without_spills_or_wgmma_serialisation(rep
     # A tiny batch is spread over ~half the SMs on the Hopper path (perf-notes h3/h4).
     assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.num_splits == 33
     assert plan.min_keys_per_split == 64
-    assert lib.kdtree_verify_plan(8, 16, 16, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
-    assert plan.row_tiles == 4 and plan.num_splits == 4  # 32 row tiles: the whole GPU
+    assert lib.kdtree_verify_plan(8, 8, 8, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
+    assert plan.row_tiles == 1 and plan.num_splits == 16  # 8 row tiles: the whole GPU (h4 -> h5)
 
 
 def test_sm120_only_build_has_no_hopper_kernel_and_says_so(tmp_path):

@@ -15,7 +15,7 @@ constexpr int kVDimPlan = 512;
 constexpr int kDefaultMinKeysPerSplit = 64;
 // Hopper: a batch of at most kHopperTinyBatchTiles row tiles is split over ~half the SMs only:
 // 132 short splits write and re-read more fp32 partials than their parallelism saves (h3 sweep).
-constexpr int kHopperTinyBatchTiles = 8;
+constexpr int kHopperTinyBatchTiles = 2;  // 8 hurt 4-8-tile batches (perf-notes h4)
 
 // The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
 // unknown then (CUDA-graph capture sees dummy ones). The main kernels run one CTA per SM

@@ -234,6 +234,17 @@ def test_production_like_batches(ops):
     _check_against_reference(b3, _run(ops, b3))
 
 
+@pytest.mark.parametrize("sm_scale,k_scale", [(192 ** -0.5, -0.8), (-(192 ** -0.5), 1.0), (192 ** -0.5, 0.0)],
+                         ids=["negative-k_scale", "negative-sm_scale", "zero-k_scale"])
+def test_non_positive_score_scales(ops, sm_scale, k_scale):
+    """SGLang's scales are positive, and the Hopper path folds a positive scale into exp2; a zero
+    or negative one (prefix tiles only, or every tile) must take the other branch and still be
+    exact: a negative scale must never turn a masked -inf into +inf."""
+    batch = make_verify_batch([70, 5, 200], num_heads=8, draft_lens=[6, 3, 17], mask="tree", mask_dtype=U8,
+                              sm_scale=sm_scale, k_scale=k_scale, v_scale=1.3, seed=23, device=DEV)
+    _check_against_reference(batch, _run(ops, batch))
+
+
 @pytest.mark.parametrize("q_std,k_std", [(4.0, 2.0), (0.02, 1.0)], ids=["peaky-logits", "flat-logits"])
 def test_extreme_logit_scales(ops, q_std, k_std):
     """Scores with std ~14 (near one-hot; a dominant key late in the stream moves the running max
