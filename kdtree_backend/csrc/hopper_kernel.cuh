@@ -123,31 +123,23 @@ struct SoftmaxState {
   float l[2];
 };
 
-// The factor that takes one tile's raw scores into the log2 domain: prefix keys carry k_scale.
-__device__ __forceinline__ float score_scale(const KdtreeVerifyParams& p, bool is_prefix) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  return is_prefix ? p.sm_scale * p.k_scale * kLog2e : p.sm_scale * kLog2e;
-}
-
-// Mask one 64 x 64 score tile held in wgmma's accumulator layout (invisible -> -inf), and with
-// kScale also multiply the visible scores by `scale`:
+// Scale into the log2 domain and mask one 64 x 64 score tile held in wgmma's accumulator layout:
 // s[8*nb + e] is row (warp*16 + lane/4 + 8*(e>>1)), key (8*nb + 2*(lane&3) + (e&1)).
-template <bool kScale>
-__device__ __forceinline__ void mask_scores(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix, int key_base,
-                                            int prefix, int n, int row0, int lane, float scale) {
+__device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix,
+                                               int key_base, int prefix, int n, int row0, int lane) {
+  constexpr float kLog2e = 1.4426950408889634f;
   const int col_lane = 2 * (lane & 3);
   if (is_prefix) {
+    const float scale = p.sm_scale * p.k_scale * kLog2e;
     if (key_base + 64 <= prefix) {  // a full prefix tile: nothing to mask
-      if constexpr (kScale) {
 #pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] *= scale;
-      }
+      for (int i = 0; i < 32; ++i) s[i] *= scale;
       return;
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int key = key_base + (i >> 2) * 8 + col_lane + (i & 1);
-      s[i] = key < prefix ? (kScale ? s[i] * scale : s[i]) : -CUDART_INF_F;
+      s[i] = key < prefix ? s[i] * scale : -CUDART_INF_F;
     }
     return;
   }
@@ -158,6 +150,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], const KdtreeVerifyPa
   }
   const int mask_row_stride = prefix + n;
   const int heads = p.num_heads;
+  const float scale = p.sm_scale * kLog2e;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = row0 + rr * 8;
@@ -178,17 +171,14 @@ __device__ __forceinline__ void mask_scores(float (&s)[32], const KdtreeVerifyPa
         } else {
           visible = key <= query;
         }
-        const float v = kScale ? s[nb * 4 + e] * scale : s[nb * 4 + e];
-        s[nb * 4 + e] = visible ? v : -CUDART_INF_F;
+        s[nb * 4 + e] = visible ? s[nb * 4 + e] * scale : -CUDART_INF_F;
       }
   }
 }
 
 // Online softmax on one tile (lazy reference max, as in the portable kernel): turns s into
-// unnormalised probabilities exp2(s * c - m) and returns each row's O rescale factor (1 when the
-// max did not move). c > 0 (the scale folded into the exp2 FFMA), or c = 1 for pre-scaled scores.
-__device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st, float c, float (&alpha)[2],
-                                               bool& any_move) {
+// unnormalised probabilities and returns each row's O rescale factor (1 when the max did not move).
+__device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st, float (&alpha)[2], bool& any_move) {
   constexpr float kRescaleThreshold = 8.f;
   bool move[2];
 #pragma unroll
@@ -198,7 +188,6 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
     for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb * 4 + 2 * rr], s[nb * 4 + 2 * rr + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    mx *= c;  // c > 0: max commutes with the scale (-inf stays -inf)
     move[rr] = mx > st.m[rr] + kRescaleThreshold;  // also true the first time a row sees a key
     const float m_new = move[rr] ? mx : st.m[rr];
     alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
@@ -208,12 +197,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
   any_move = __any_sync(0xffffffffu, move[0] || move[1]);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const float neg_base = st.m[rr] == -CUDART_INF_F ? 0.f : -st.m[rr];
+    const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
     float sum = 0.f;
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-      s[nb * 4 + 2 * rr] = exp2f(fmaf(s[nb * 4 + 2 * rr], c, neg_base));
-      s[nb * 4 + 2 * rr + 1] = exp2f(fmaf(s[nb * 4 + 2 * rr + 1], c, neg_base));
+      s[nb * 4 + 2 * rr] = exp2f(s[nb * 4 + 2 * rr] - base);
+      s[nb * 4 + 2 * rr + 1] = exp2f(s[nb * 4 + 2 * rr + 1] - base);
       sum += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
     }
     st.l[rr] += sum;
@@ -412,32 +401,20 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
-      // Scores -> log2 domain. A positive scale (SGLang's case) is folded into the exp2 FFMA;
-      // otherwise the scores are scaled before masking (a negative scale would turn -inf to +inf).
-      const float c = score_scale(p, is_prefix);
+      scale_and_mask(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane);
       float alpha[2];
       bool any_move;
-      if (c > 0.f) {
-        mask_scores<false>(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane, c);
-        online_softmax(s, st, c, alpha, any_move);
-      } else {
-        mask_scores<true>(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane, c);
-        online_softmax(s, st, 1.f, alpha, any_move);
-      }
+      online_softmax(s, st, alpha, any_move);
 
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
       const float ps = is_prefix ? p.v_scale : 1.f;
-      if (ps != 1.f) {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] *= ps;
-      }
       uint32_t pa[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = pack_bf16x2(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack_bf16x2(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack_bf16x2(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack_bf16x2(s[8 * kk + 6], s[8 * kk + 7]);
+        pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
+        pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
+        pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
+        pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
       }
       if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
       {
