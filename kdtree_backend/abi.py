@@ -108,3 +108,10 @@ def declare_signatures(cdll: ctypes.CDLL) -> None:
     ]
     cdll.kdtree_verify_run.restype = ctypes.c_int
     cdll.kdtree_verify_run.argtypes = [ctypes.POINTER(VerifyParams), ctypes.c_void_p]
+
+
+def library_has_hopper(cdll) -> bool:
+    """Whether the library was built with the Hopper (sm_90a) kernel: a host-only plan query,
+    no CUDA context."""
+    plan = VerifyPlan()
+    return cdll.kdtree_verify_plan(1, 1, 1, 1, CONFIG_HOPPER, ctypes.byref(plan)) == 0

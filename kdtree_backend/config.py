@@ -83,6 +83,32 @@ def read_kernel_choice(environ: Optional[Mapping[str, str]] = None) -> str:
     return value
 
 
+HOPPER_CAPABILITY = (9, 0)
+
+
+def resolve_kernel(choice: str, capability: tuple, library_has_hopper: bool) -> str:
+    """The kernel path `choice` selects on a GPU of `capability`; ValueError names the fix.
+
+    auto -> "hopper" on compute capability 9.0 when the library has the sm_90a kernel, else
+    "portable". An explicit "hopper" never degrades to the portable path.
+    """
+    cap = tuple(capability)
+    if choice == "auto":
+        return "hopper" if cap == HOPPER_CAPABILITY and library_has_hopper else "portable"
+    if choice == "hopper":
+        if cap != HOPPER_CAPABILITY:
+            raise ValueError(
+                f"{ENV_KERNEL}=hopper, but the GPU has compute capability {cap[0]}.{cap[1]}: the Hopper kernel "
+                f"(wgmma, sm_90a) runs on 9.0 (H100/H200) only. Fix: unset {ENV_KERNEL} (auto) or set "
+                f"{ENV_KERNEL}=portable")
+        if not library_has_hopper:
+            raise ValueError(
+                f"{ENV_KERNEL}=hopper, but the kernel library was built without the Hopper kernel. Fix: rebuild "
+                f"with `python -m kdtree_backend.build --arch 90` (sm_90 builds include sm_90a), or unset {ENV_KERNEL}")
+        return "hopper"
+    return choice
+
+
 # --- validate (shadow) mode settings --------------------------------------------------------
 ENV_VALIDATE_SAMPLE_RATE = "KDTREE_VALIDATE_SAMPLE_RATE"
 ENV_VALIDATE_ATOL = "KDTREE_VALIDATE_ATOL"

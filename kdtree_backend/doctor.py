@@ -16,15 +16,18 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Tuple
 
 import kdtree_backend
-from kdtree_backend import loader, plugin
+from kdtree_backend import abi, loader, plugin
 from kdtree_backend.config import (
     ENV_ALLOW_UNSUPPORTED_SGLANG,
     ENV_FAKE_GPU_CAPABILITY,
+    ENV_KERNEL,
     ENV_LIB,
     ENV_MODE,
     SUPPORTED_SGLANG_VERSIONS,
     Mode,
+    read_kernel_choice,
     read_mode,
+    resolve_kernel,
 )
 from kdtree_backend.errors import KdtreeConfigError
 
@@ -103,10 +106,24 @@ def diagnose(environ: Optional[Mapping[str, str]] = None) -> Tuple[List[Tuple[st
             problems.append(f"kdtree-backend: no GPU visible to this process ({probe.note or 'no GPU'}); "
                             f"{ENV_MODE}={mode.value} needs an NVIDIA GPU. Fix: run on a GPU machine "
                             f"(check nvidia-smi and CUDA_VISIBLE_DEVICES), or set {ENV_MODE}=off.")
+    try:
+        kernel_choice = read_kernel_choice(env)
+    except KdtreeConfigError as err:
+        kernel_choice = None
+        rows.append(("kernel", f"{ENV_KERNEL}: INVALID: {err}"))
+        problems.append(str(err))
+    has_hopper = lib is not None and abi.library_has_hopper(lib.cdll)
     for index, name, cap in probe.gpus:
         text = f"{index}: {name}, compute capability {cap[0]}.{cap[1]}"
         if lib is not None:
             text += " (supported by the library)" if loader.supported_by(lib.built_archs, cap) else " (NOT supported by the library)"
+            if kernel_choice is not None:
+                try:
+                    text += f", kernel path: {resolve_kernel(kernel_choice, cap, has_hopper)}"
+                except ValueError as err:
+                    text += ", kernel path: NONE"
+                    if active:
+                        problems.append(f"GPU {index}: {err}")
         rows.append(("GPUs" if index == 0 and not probe.fake else "", text))
     if active and lib is not None and probe.gpus:
         try:

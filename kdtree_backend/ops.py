@@ -16,7 +16,7 @@ import threading
 import torch
 
 from . import abi
-from .config import read_kernel_choice
+from .config import read_kernel_choice, resolve_kernel
 from .errors import KdtreeModeError
 
 __all__ = [
@@ -147,11 +147,6 @@ def _env_int(name: str) -> int | None:
 _resolved: dict[tuple[int, str], int] = {}
 
 
-def _library_has_hopper(lib) -> bool:
-    plan = abi.VerifyPlan()
-    return lib.kdtree_verify_plan(1, 1, 1, 1, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
-
-
 def selected_kernel(device_index: int | None = None) -> str:
     """The kernel path verify_attention runs on this GPU: "hopper", "portable" (or "rows32")."""
     if device_index is None:
@@ -170,23 +165,11 @@ def _kernel_config(lib, device_index: int) -> int:
     if config is not None:
         return config
     cap = torch.cuda.get_device_capability(device_index)
-    if choice == "auto":
-        config = abi.CONFIG_HOPPER if cap == (9, 0) and _library_has_hopper(lib) else abi.CONFIG_PORTABLE
-    elif choice == "hopper":
-        if cap != (9, 0):
-            raise KernelLibraryError(
-                f"KDTREE_KERNEL=hopper, but GPU {device_index} has compute capability {cap[0]}.{cap[1]}: the Hopper "
-                f"kernel (wgmma, sm_90a) runs on 9.0 (H100/H200) only. Fix: unset KDTREE_KERNEL (auto) or set "
-                f"KDTREE_KERNEL=portable"
-            )
-        if not _library_has_hopper(lib):
-            raise KernelLibraryError(
-                f"KDTREE_KERNEL=hopper, but the kernel library was built without the Hopper kernel. Fix: rebuild "
-                f"with `python -m kdtree_backend.build --arch 90` (sm_90 builds include sm_90a), or unset KDTREE_KERNEL"
-            )
-        config = abi.CONFIG_HOPPER
-    else:
-        config = abi.CONFIG_IDS[choice]
+    try:
+        name = resolve_kernel(choice, cap, abi.library_has_hopper(lib))
+    except ValueError as e:
+        raise KernelLibraryError(f"GPU {device_index}: {e}") from None
+    config = abi.CONFIG_IDS[name]
     _resolved[key] = config
     return config
 

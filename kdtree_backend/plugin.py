@@ -314,7 +314,7 @@ def register() -> None:
         from kdtree_backend import loader
 
         read_validate_settings()
-        read_kernel_choice()
+        kernel_choice = read_kernel_choice()
         version = check_sglang_version()
         lib = loader.get_library()
         _armed_mode = mode
@@ -323,7 +323,8 @@ def register() -> None:
         _fail(err)
     _startup_line(
         f"kdtree-backend {kdtree_backend.__version__}: {ENV_MODE}={mode.value}, hook installed on "
-        f"{TARGET} (sglang {version}; kernel library {lib.path}, version {lib.version or '?'}, "
+        f"{TARGET} (sglang {version}; KDTREE_KERNEL={kernel_choice}; kernel library {lib.path}, "
+        f"version {lib.version or '?'}, "
         f"ABI {lib.abi_version}, {lib.archs_text()}; pid {os.getpid()})"
     )
 

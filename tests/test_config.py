@@ -153,3 +153,24 @@ def test_bad_kernel_choice_stops_the_plugin_at_load():
     assert proc.returncode == 78, proc.stderr
     assert "REGISTER RETURNED" not in proc.stdout
     assert "KDTREE_KERNEL" in proc.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("choice, cap, has_hopper, path", [
+    ("auto", (9, 0), True, "hopper"), ("auto", (9, 0), False, "portable"), ("auto", (12, 0), True, "portable"),
+    ("auto", (8, 0), True, "portable"), ("portable", (9, 0), True, "portable"), ("hopper", (9, 0), True, "hopper"),
+    ("rows32", (9, 0), True, "rows32"),
+])
+def test_resolve_kernel(choice, cap, has_hopper, path):
+    from kdtree_backend.config import resolve_kernel
+
+    assert resolve_kernel(choice, cap, has_hopper) == path
+
+
+@pytest.mark.parametrize("cap, has_hopper, needle", [((12, 0), True, "compute capability 12.0"),
+                                                     ((9, 0), False, "built without the Hopper kernel")])
+def test_forced_hopper_never_degrades_to_portable(cap, has_hopper, needle):
+    from kdtree_backend.config import resolve_kernel
+
+    with pytest.raises(ValueError, match=needle) as info:
+        resolve_kernel("hopper", cap, has_hopper)
+    assert "Fix:" in str(info.value)

@@ -38,6 +38,7 @@ def test_validate_with_a_good_library_and_a_covered_gpu_is_ok(fake_libs):
     out = proc.stdout
     assert "loads: yes; version fake-for-tests; ABI 1; built for sm_90, sm_120" in out
     assert "compute capability 9.0 (supported by the library)" in out
+    assert "kernel path: portable" in out  # the fake library has no Hopper kernel: auto -> portable
     assert "TEST MODE" in out
     assert "would be active (validate) on sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend" in out
     assert "entry point" in out and "(installed)" in out
@@ -95,3 +96,20 @@ def test_main_module_without_command_prints_usage():
     proc = subprocess.run([sys.executable, "-m", "kdtree_backend"], env=clean_env(), capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "doctor" in proc.stdout
+
+
+def test_forced_hopper_path_without_the_hopper_kernel_fails_naming_the_fix(fake_libs):
+    env = clean_env(KDTREE_VERIFY="on", KDTREE_KERNEL="hopper", KDTREE_LIB=str(fake_libs.good), KDTREE_TESTING="1",
+                    KDTREE_FAKE_GPU_CAPABILITY="9.0")
+    proc = _doctor(env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "kernel path: NONE" in proc.stdout
+    assert "built without the Hopper kernel" in proc.stdout and "--arch 90" in proc.stdout
+
+
+def test_bad_kernel_choice_fails_naming_valid_values(fake_libs):
+    env = clean_env(KDTREE_VERIFY="validate", KDTREE_KERNEL="fastest", KDTREE_LIB=str(fake_libs.good),
+                    KDTREE_TESTING="1", KDTREE_FAKE_GPU_CAPABILITY="9.0")
+    proc = _doctor(env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "KDTREE_KERNEL" in proc.stdout and "'fastest'" in proc.stdout and "auto, portable, hopper" in proc.stdout
