@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# ncu on the Hopper kernel, one large shape: speed-of-light, stalls, and per-instruction (SASS)
+# ncu on one kernel path, one large shape: speed-of-light, stalls, and per-instruction (SASS)
 # stall samples as CSV for offline reading.
-#   (device) bash bench/gpu_profile_hopper.sh [B,H,n,L]
+#   (device) bash bench/gpu_profile_sass.sh [B,H,n,L]                    # the Hopper kernel
+#   (device) PATH_KERNEL=portable bash bench/gpu_profile_sass.sh [B,H,n,L] # the portable kernel
 set -uo pipefail
 source bench/gpu_env.sh
 shape=${1:-32,16,64,8192}
-export KDTREE_KERNEL=hopper
-timeout 200 ncu --clock-control none --kernel-name regex:hopper_kernel --launch-skip 1 --launch-count 1 \
+export KDTREE_KERNEL=${PATH_KERNEL:-hopper}
+if [ "$KDTREE_KERNEL" = hopper ]; then name_re=hopper_kernel; else name_re=verify_attention_kernel; fi
+timeout 200 ncu --clock-control none --kernel-name "regex:$name_re" --launch-skip 1 --launch-count 1 \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section LaunchStats --section Occupancy \
   --section SourceCounters --import-source no -o /tmp/prof python3 bench/smoke.py --profile-shape "$shape" \
