@@ -84,6 +84,18 @@ def _arch() -> str:
     return "cpu"
 
 
+def _kernel_path() -> str:
+    """The kernel path this process's GPU runs (KDTREE_KERNEL resolved), for the start-up event."""
+    try:
+        if torch.cuda.is_available():
+            from kdtree_backend import ops
+
+            return ops.selected_kernel()
+    except Exception as e:  # the first kernel call raises the same error, loudly
+        return f"unavailable: {e}"
+    return "none (no GPU)"
+
+
 def _library_text() -> str:
     try:
         from kdtree_backend import loader
@@ -110,6 +122,7 @@ def _startup(state: _State) -> None:
         version=version,
         library=_library_text(),
         arch=arch,
+        kernel=_kernel_path(),
         sglang_version=sglang_version,
         pid=os.getpid(),
         sample_rate=state.settings.sample_rate,

@@ -5,7 +5,8 @@ structlog renders each event to one JSON line and hands it to the stdlib logger
 fights SGLang, which owns stdlib logging (`logging.basicConfig(force=True)`); the lines go out
 through SGLang's handlers at SGLang's level. Events:
 
-* `kdtree_startup`: once per process, at the hook's first call (mode, library, arch, versions).
+* `kdtree_startup`: once per process, at the hook's first call (mode, library, arch, kernel path,
+  versions).
 * `kdtree_fallback`: the first occurrence of each fallback reason in the process.
 * `kdtree_validation_exceeded`: a validation outside tolerance, with layer, shapes and the worst
   element; rate-limited (`suppressed` counts the events dropped since the previous one).
