@@ -18,11 +18,6 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-int error_code(cudaError_t e) {
-  return (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice) ? KDTREE_ERR_NO_KERNEL_IMAGE
-                                                                                       : KDTREE_ERR_CUDA;
-}
-
 int ensure_smem_attribute(int device, char* err, size_t err_len) {
   static std::atomic<bool> done[kMaxDevices];
   if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire)) return KDTREE_OK;
@@ -33,7 +28,7 @@ int ensure_smem_attribute(int device, char* err, size_t err_len) {
              "the Hopper kernel cannot run on device %d: cudaFuncSetAttribute(%d bytes of shared memory) failed: %s "
              "(it is built for sm_90a only: H100/H200; set KDTREE_KERNEL=portable elsewhere)",
              device, HopperConfig::kSmemBytes, cudaGetErrorString(e));
-    return error_code(e);
+    return status_of(e);
   }
   if (device >= 0 && device < kMaxDevices) done[device].store(true, std::memory_order_release);
   return KDTREE_OK;
@@ -53,16 +48,9 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   }
   int rc = ensure_smem_attribute(device, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  const int64_t rows = static_cast<int64_t>(p.num_heads) * p.max_qo_len;
-  const int row_tiles = static_cast<int>((rows + HopperConfig::kM - 1) / HopperConfig::kM);
-  if (p.num_splits > 1) {
-    const int64_t need = workspace_bytes(p.batch, p.num_splits, row_tiles, HopperConfig::kM);
-    if (p.workspace == nullptr || p.workspace_bytes < need) {
-      snprintf(err, err_len, "workspace of %lld bytes is too small: %lld needed for %d splits",
-               static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.num_splits);
-      return KDTREE_ERR_WORKSPACE;
-    }
-  }
+  const int row_tiles = row_tiles_for(p.num_heads, p.max_qo_len, HopperConfig::kM);
+  rc = check_workspace(p, row_tiles, HopperConfig::kM, err, err_len);
+  if (rc != KDTREE_OK) return rc;
   if (row_tiles > 65535 * 64) {
     snprintf(err, err_len, "too many query rows per request");
     return KDTREE_ERR_UNSUPPORTED;
@@ -73,7 +61,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   if (e != cudaSuccess) {
     snprintf(err, err_len, "launch of the Hopper verify kernel (grid %d x %d x %d) failed: %s", row_tiles,
              p.num_splits, p.batch, cudaGetErrorString(e));
-    return error_code(e);
+    return status_of(e);
   }
   if (p.num_splits > 1) {
     dim3 cgrid((row_tiles * HopperConfig::kM + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock, p.batch);
@@ -93,7 +81,7 @@ int probe(int device, char* msg, size_t msg_len) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     snprintf(msg, msg_len, "no Hopper (sm_90a) kernel image for device %d: %s", device, cudaGetErrorString(e));
-    return error_code(e);
+    return status_of(e);
   }
   int optin = 0;
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);

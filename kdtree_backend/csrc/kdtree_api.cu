@@ -50,9 +50,7 @@ struct Launcher {
     cudaError_t e = cudaFuncSetAttribute(kdtree::verify_attention_kernel<Cfg>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
     if (e != cudaSuccess) {
-      return fail(e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice
-                      ? KDTREE_ERR_NO_KERNEL_IMAGE
-                      : KDTREE_ERR_CUDA,
+      return fail(kdtree::status_of(e),
                   "cudaFuncSetAttribute(%d bytes of shared memory) failed on device %d: %s (library built for "
                   "compute capabilities %s)",
                   Cfg::kSmemBytes, device, cudaGetErrorString(e), KDTREE_BUILT_ARCHS);
@@ -67,23 +65,16 @@ struct Launcher {
     if (e != cudaSuccess) return fail(KDTREE_ERR_CUDA, "cudaGetDevice failed: %s", cudaGetErrorString(e));
     int rc = ensure_smem_attribute(device);
     if (rc != KDTREE_OK) return rc;
-    const int64_t rows = static_cast<int64_t>(p.num_heads) * p.max_qo_len;
-    const int row_tiles = static_cast<int>((rows + Cfg::kM - 1) / Cfg::kM);
-    if (p.num_splits > 1) {
-      const int64_t need = kdtree::workspace_bytes(p.batch, p.num_splits, row_tiles, Cfg::kM);
-      if (p.workspace == nullptr || p.workspace_bytes < need) {
-        return fail(KDTREE_ERR_WORKSPACE, "workspace of %lld bytes is too small: %lld needed for %d splits",
-                    static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.num_splits);
-      }
-    }
+    const int row_tiles = kdtree::row_tiles_for(p.num_heads, p.max_qo_len, Cfg::kM);
+    char err[256];
+    rc = kdtree::check_workspace(p, row_tiles, Cfg::kM, err, sizeof(err));
+    if (rc != KDTREE_OK) return fail(rc, "%s", err);
     if (row_tiles > 65535 * 64) return fail(KDTREE_ERR_UNSUPPORTED, "too many query rows per request");
     dim3 grid(row_tiles, p.num_splits, p.batch);
     kdtree::verify_attention_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
-      return fail(e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice
-                      ? KDTREE_ERR_NO_KERNEL_IMAGE
-                      : KDTREE_ERR_CUDA,
+      return fail(kdtree::status_of(e),
                   "launch of the verify kernel (grid %d x %d x %d) failed: %s", row_tiles, p.num_splits, p.batch,
                   cudaGetErrorString(e));
     }
@@ -106,9 +97,7 @@ struct Launcher {
     cudaGetDeviceProperties(&prop, device);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      const int code = (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice)
-                           ? KDTREE_ERR_NO_KERNEL_IMAGE
-                           : KDTREE_ERR_CUDA;
+      const int code = kdtree::status_of(e);
       fail(code, "no usable kernel image for device %d (%s, compute capability %d.%d): %s; library built for %s",
            device, prop.name, prop.major, prop.minor, cudaGetErrorString(e), KDTREE_BUILT_ARCHS);
       if (msg && msg_len > 0) snprintf(msg, msg_len, "%s", g_last_error);

@@ -1,7 +1,10 @@
-// Host-side launch planning shared by every kernel configuration (portable and Hopper): the split
-// count and the workspace layout. Pure arithmetic, no CUDA calls.
+// Host-side launch planning shared by every kernel configuration (portable and Hopper): row tiles,
+// the split count, the workspace layout and its check, the CUDA-error -> status mapping. No CUDA
+// calls, so both launchers (kdtree_api.cu, hopper_launch.cu) agree by construction.
 #pragma once
+#include <cuda_runtime_api.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kdtree_api.h"
 
@@ -41,15 +44,35 @@ inline int choose_splits(int64_t base_ctas, int num_sms) {
   return s < 1 ? 1 : (s > kMaxSplitsPlan ? kMaxSplitsPlan : s);
 }
 
+inline int row_tiles_for(int num_heads, int max_qo_len, int rows_per_tile) {
+  const int64_t rows = static_cast<int64_t>(num_heads) * max_qo_len;
+  return static_cast<int>((rows + rows_per_tile - 1) / rows_per_tile);
+}
+
+// A missing image for this GPU is its own status (the loader and doctor name the rebuild).
+inline int status_of(cudaError_t e) {
+  return (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice) ? KDTREE_ERR_NO_KERNEL_IMAGE
+                                                                                       : KDTREE_ERR_CUDA;
+}
+
 // Split partials: per (request, split, row) 512 fp32 values, then one fp32 log2-sum-exp per row.
 inline int64_t workspace_bytes(int batch, int splits, int row_tiles, int rows_per_tile) {
   return splits > 1 ? static_cast<int64_t>(batch) * splits * row_tiles * rows_per_tile * (kVDimPlan + 1) * 4 : 0;
 }
 
+// KDTREE_OK, or KDTREE_ERR_WORKSPACE with the reason in `err` when a split launch lacks room.
+inline int check_workspace(const KdtreeVerifyParams& p, int row_tiles, int rows_per_tile, char* err, size_t err_len) {
+  if (p.num_splits <= 1) return KDTREE_OK;
+  const int64_t need = workspace_bytes(p.batch, p.num_splits, row_tiles, rows_per_tile);
+  if (p.workspace != nullptr && p.workspace_bytes >= need) return KDTREE_OK;
+  snprintf(err, err_len, "workspace of %lld bytes is too small: %lld needed for %d splits",
+           static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.num_splits);
+  return KDTREE_ERR_WORKSPACE;
+}
+
 inline void fill_plan(int rows_per_tile, int min_keys_per_split, int batch, int num_heads, int max_qo_len, int num_sms,
                       KdtreePlan* plan, int tiny_batch_tiles = 0) {
-  const int64_t rows = static_cast<int64_t>(num_heads) * max_qo_len;
-  const int row_tiles = static_cast<int>((rows + rows_per_tile - 1) / rows_per_tile);
+  const int row_tiles = row_tiles_for(num_heads, max_qo_len, rows_per_tile);
   const int64_t base_ctas = static_cast<int64_t>(batch) * row_tiles;
   const int target_sms = (base_ctas <= tiny_batch_tiles && num_sms >= 2) ? num_sms / 2 : num_sms;
   const int splits = choose_splits(base_ctas, target_sms);
