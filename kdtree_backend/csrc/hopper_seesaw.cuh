@@ -5,12 +5,13 @@
 // CTA = 64 query rows of one request x one KV split; 2 warpgroups (256 threads). O = [O_L | O_R]
 // (64 x 256 fp32 each): O_L lives in WG0's registers, O_R in WG1's. Key tiles (64 keys) come in
 // pairs (A = tile 2k in K buffer 0, B = tile 2k+1 in K buffer 1); per pair:
-//   WG0: S_A = Q K_A^T; softmax with the running max m -> m0, P_A; O_L = O_L a0 + P_A V_A[:, :256]
-//   WG1: S_B = Q K_B^T; softmax with m0 -> m1, P_B; O_R = O_R 2^(m - m1) + P_B V_B[:, 256:]
-//   WG0: P_A *= 2^(m0 - m1) -> shared memory; WG1: P_B -> shared memory
-//   WG1: O_R += P_A V_A[:, 256:];  WG0: O_L = O_L 2^(m0 - m1) + P_B V_B[:, :256]
-// Each warpgroup keeps its own row sum (added at the end). Both hold the same running max: the two
-// per-tile maxima are exchanged through shared memory (m0 from WG0, m1 from WG1).
+//   WG0: S_A = Q K_A^T (issued at the end of the previous pair); softmax with the running max m
+//        -> m0, P_A; P_A and m0 to shared memory; O_L = O_L 2^(m - m0) + P_A V_A[:, :256]
+//   WG1: O_R = O_R 2^(m - m0) + P_A V_A[:, 256:] (issued first, so that the tensor cores work
+//        while WG1 runs the softmax of S_B = Q K_B^T with m0 -> m1, P_B); P_B and m1 to shared
+//        memory; O_R = O_R 2^(m0 - m1) + P_B V_B[:, 256:]
+//   WG0: O_L = O_L 2^(m0 - m1) + P_B V_B[:, :256]; then S_A' for the next pair.
+// Each warpgroup keeps its own row sum (added at the end). Both hold the same running max.
 //
 // The K gather (page size 1: cp.async through kv_indices) is split by who reads a piece last:
 // columns 0..255 (atoms 0-3) of either buffer are last read by WG0, which refills them; columns
@@ -51,12 +52,11 @@ static_assert(SeesawConfig::kKOff % 1024 == 0 && SeesawConfig::kPAOff % 1024 == 
               "128-byte swizzle atoms must start on 1024-byte boundaries");
 
 // Named barriers (0 is __syncthreads). Each is used once per tile pair, one warpgroup arriving and
-// the other syncing; the order of the schedule keeps every use strictly alternating.
-constexpr int kBarM0 = 1;   // WG0 -> WG1: m0 written
-constexpr int kBarM1 = 2;   // WG1 -> WG0: m1 written
-constexpr int kBarPA = 3;   // WG0 -> WG1: P_A written
-constexpr int kBarPB = 4;   // WG1 -> WG0: P_B written (pairs with a tile B only)
-constexpr int kBarEnd = 5;  // both: row sums written
+// the other syncing. They alternate strictly: WG0 arrives on PA(k+1) only after syncing PB(k),
+// which WG1 arrives on only after syncing PA(k); so no barrier ever collects two uses' arrivals.
+constexpr int kBarPA = 1;   // WG0 -> WG1: P_A and m0 written
+constexpr int kBarPB = 2;   // WG1 -> WG0: P_B and m1 written, WG1's P_A V_A finished (pairs with a tile B only)
+constexpr int kBarEnd = 3;  // both: row sums written
 
 // The two halves of a K tile: atoms 0..3 (V columns 0..255, loaded by WG0) and 4..8 (WG1).
 template <int kA0, int kNA>
@@ -207,23 +207,6 @@ __device__ __forceinline__ void store_p(uint8_t* atom, const uint32_t (&pa)[4][4
   }
 }
 
-__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t v, float f) {
-  __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&v);
-  const float2 x = __bfloat1622float2(h);
-  return pack_bf16x2(x.x * f, x.y * f);
-}
-
-// A fragments x per-row factor (rows lane/4 -> f[0] in registers 0 and 2, lane/4 + 8 -> f[1]).
-__device__ __forceinline__ void scale_fragments(uint32_t (&pa)[4][4], const float (&f)[2]) {
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    pa[kk][0] = scale_bf16x2(pa[kk][0], f[0]);
-    pa[kk][1] = scale_bf16x2(pa[kk][1], f[1]);
-    pa[kk][2] = scale_bf16x2(pa[kk][2], f[0]);
-    pa[kk][3] = scale_bf16x2(pa[kk][3], f[1]);
-  }
-}
-
 __device__ __forceinline__ bool any_not_one(const float (&f)[2]) {
   return __any_sync(0xffffffffu, f[0] != 1.f || f[1] != 1.f);
 }
@@ -333,7 +316,7 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
   __syncthreads();  // Q visible to everyone
 
   // Q's atom 8 (rope columns) -> registers, as the A operand of the last 4 QK^T steps. Its shared
-  // memory slot becomes P_B's, first written by WG1 after WG0 has arrived on kBarM0, which WG0
+  // memory slot becomes P_B's, first written by WG1 after WG0 has arrived on kBarPA, which WG0
   // does after this load.
   uint32_t rq8[4][4];
   {
@@ -372,30 +355,35 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
       const int tA = t_begin + 2 * k;
       const bool has_b = 2 * k + 1 < num_tiles;
       const bool next = 2 * k + 2 < num_tiles;
-      // Softmax of tile A against the running max; m0 to WG1 at once.
+      // Softmax of tile A against the running max -> m0; P_A (relative to m0) to registers and,
+      // with m0, to shared memory for WG1 at once.
       scale_and_mask(s, p, is_prefix(tA), key_base(tA), req.prefix, req.n, row0, lane);
       float mx[2], m0[2], a0[2], sum[2];
       row_max(s, mx);
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) m0[rr] = moved_max(mx[rr], m[rr]);
+      for (int rr = 0; rr < 2; ++rr) {
+        m0[rr] = moved_max(mx[rr], m[rr]);
+        a0[rr] = rescale_factor(m[rr], m0[rr]);
+        m[rr] = m0[rr];
+      }
+      exp_and_sum(s, m0, sum);
+      uint32_t pa[4][4];
+      {
+        const float psA = is_prefix(tA) ? p.v_scale : 1.f;
+        const float f[2] = {psA, psA};
+        to_a_fragments(s, f, pa);
+      }
+      store_p(g_hopper_smem + Cfg::kPAOff, pa, row_lo, lane);
       if ((lane & 3) == 0) {
         s_m0[row_lo] = m0[0];
         s_m0[row_lo + 8] = m0[1];
       }
-      named_arrive(kBarM0, 256);
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) a0[rr] = rescale_factor(m[rr], m0[rr]);
-      exp_and_sum(s, m0, sum);
+      fence_proxy_async();
+      named_arrive(kBarPA, 256);
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) l[rr] = l[rr] * a0[rr] + sum[rr];
       if (any_not_one(a0)) rescale(o, a0);
       // O_L += P_A V_A[:, 0:256]
-      const float psA = is_prefix(tA) ? p.v_scale : 1.f;
-      uint32_t pa[4][4];
-      {
-        const float f[2] = {psA, psA};
-        to_a_fragments(s, f, pa);
-      }
       pv_rs(o, pa, make_desc(sK0, kVLeading, kVStride));
       wgmma_wait<0>();
       wgmma_fence_operand(o);
@@ -404,32 +392,25 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
         gather_half<HalfL>(src, p, tA + 2, slots, sK0, full(0, 0));
         fetch_slots(src, tA + 3, slots);
       }
-      // m1 from WG1; P_A rescaled to it -> shared memory for WG1's O_R.
-      named_barrier(kBarM1, 256);
-      float a1[2];
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const float m1 = s_m1[row_lo + 8 * rr];
-        a1[rr] = rescale_factor(m0[rr], m1);
-        m[rr] = m1;
-        l[rr] *= a1[rr];
-      }
-      // P_A x a1 from the bf16 fragments (exact when a1 = 1, the common case; otherwise one more
-      // rounding): keeping the fp32 P_A alive across its PV would cost 32 registers.
-      scale_fragments(pa, a1);
-      store_p(g_hopper_smem + Cfg::kPAOff, pa, row_lo, lane);
-      fence_proxy_async();
-      named_arrive(kBarPA, 256);
       if (has_b) {
-        // O_L = O_L a1 + P_B V_B[:, 0:256] (P_B from shared memory)
+        // m1 and P_B (relative to m1) from WG1: O_L = O_L 2^(m0 - m1) + P_B V_B[:, 0:256]
         mbar_wait(full(1, 0), k & 1);  // visibility of buffer 1's atoms 0..3 to this warpgroup
         named_barrier(kBarPB, 256);
         fence_proxy_async();
+        float a1[2];
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float m1 = s_m1[row_lo + 8 * rr];
+          a1[rr] = rescale_factor(m0[rr], m1);
+          m[rr] = m1;
+          l[rr] *= a1[rr];
+        }
         if (any_not_one(a1)) rescale(o, a1);
         pv_ss(o, make_desc(smem + Cfg::kPBOff, 16, 1024), make_desc(sK1, kVLeading, kVStride));
       }
       if (next) {
-        // S = Q K_A'^T: atoms 0..3 (loaded above) while P_B V_B runs, then 4..8 (WG1 loads them).
+        // S = Q K_A'^T: atoms 0..3 (loaded above) while P_B V_B runs, then 4..8 (WG1 loaded them
+        // right after its P_A V_A).
         mbar_wait(full(0, 0), (k + 1) & 1);
         fence_proxy_async();
         wgmma_fence_operand(s);
@@ -472,56 +453,60 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
       const int tB = t_begin + 2 * k + 1;
       const bool has_b = 2 * k + 1 < num_tiles;
       const bool next = 2 * k + 2 < num_tiles;
-      named_barrier(kBarM0, 256);
-      float m1[2], a01[2];
-      {
-        float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
-        if (has_b) {
-          scale_and_mask(s, p, is_prefix(tB), key_base(tB), req.prefix, req.n, row0, lane);
-          row_max(s, mx);
-        }
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) m1[rr] = moved_max(mx[rr], s_m0[row_lo + 8 * rr]);
-      }
-      if ((lane & 3) == 0) {
-        s_m1[row_lo] = m1[0];
-        s_m1[row_lo + 8] = m1[1];
-      }
-      named_arrive(kBarM1, 256);
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        a01[rr] = rescale_factor(m[rr], m1[rr]);
-        m[rr] = m1[rr];
-        l[rr] *= a01[rr];
-      }
-      if (any_not_one(a01)) rescale(o, a01);
-      uint32_t pb[4][4];
-      if (has_b) {
-        float sum[2];
-        exp_and_sum(s, m1, sum);
-        l[0] += sum[0];
-        l[1] += sum[1];
-        const float psB = is_prefix(tB) ? p.v_scale : 1.f;
-        const float f[2] = {psB, psB};
-        to_a_fragments(s, f, pb);
-        store_p(g_hopper_smem + Cfg::kPBOff, pb, row_lo, lane);
-        fence_proxy_async();
-        named_arrive(kBarPB, 256);
-      }
-      // O_R += P_A V_A[:, 256:512] (P_A from shared memory)
+      // m0 and P_A from WG0: O_R = O_R 2^(m - m0) + P_A V_A[:, 256:512], issued before this
+      // warpgroup's own softmax so that the softmax runs while the tensor cores work.
       mbar_wait(full(0, 1), k & 1);  // visibility of buffer 0's atoms 4..8 to this warpgroup
       named_barrier(kBarPA, 256);
       fence_proxy_async();
+      float m0[2], a0[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        m0[rr] = s_m0[row_lo + 8 * rr];
+        a0[rr] = rescale_factor(m[rr], m0[rr]);
+        m[rr] = m0[rr];
+        l[rr] *= a0[rr];
+      }
+      if (any_not_one(a0)) rescale(o, a0);
       pv_ss(o, make_desc(smem + Cfg::kPAOff, 16, 1024), make_desc(sK0 + 4 * Cfg::kAtomBytes, kVLeading, kVStride));
-      wgmma_wait<0>();
-      wgmma_fence_operand(o);
-      // Atoms 4..8 of buffer 0 are free (WG0's QK^T of tile A finished before it sent m0).
+      uint32_t pb[4][4];
+      float a1[2] = {1.f, 1.f};
+      if (has_b) {
+        // Softmax of tile B against m0 -> m1, P_B (relative to m1).
+        scale_and_mask(s, p, is_prefix(tB), key_base(tB), req.prefix, req.n, row0, lane);
+        float mx[2], m1[2], sum[2];
+        row_max(s, mx);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          m1[rr] = moved_max(mx[rr], m0[rr]);
+          a1[rr] = rescale_factor(m0[rr], m1[rr]);
+          m[rr] = m1[rr];
+        }
+        exp_and_sum(s, m1, sum);
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) l[rr] = l[rr] * a1[rr] + sum[rr];
+        const float psB = is_prefix(tB) ? p.v_scale : 1.f;
+        const float f[2] = {psB, psB};
+        to_a_fragments(s, f, pb);
+        wgmma_wait<0>();  // P_A V_A done: P_A's buffer and buffer 0's atoms 4..8 are free
+        wgmma_fence_operand(o);
+        store_p(g_hopper_smem + Cfg::kPBOff, pb, row_lo, lane);
+        if ((lane & 3) == 0) {
+          s_m1[row_lo] = m1[0];
+          s_m1[row_lo + 8] = m1[1];
+        }
+        fence_proxy_async();
+        named_arrive(kBarPB, 256);
+      } else {
+        wgmma_wait<0>();
+        wgmma_fence_operand(o);
+      }
       if (next) {
         gather_half<HalfR>(src, p, tB + 1, slots, sK0, full(0, 1));
         fetch_slots(src, tB + 2, slots);
       }
       if (has_b) {
-        // O_R += P_B V_B[:, 256:512] (P_B in registers)
+        // O_R = O_R 2^(m0 - m1) + P_B V_B[:, 256:512] (P_B in registers)
+        if (any_not_one(a1)) rescale(o, a1);
         pv_rs(o, pb, make_desc(sK1 + 4 * Cfg::kAtomBytes, kVLeading, kVStride));
         wgmma_wait<0>();
         wgmma_fence_operand(o);
