@@ -17,6 +17,11 @@ if grep -q "smoke PASSED" "$OUT/seesaw_small.log"; then
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | tail -6
   KDTREE_KERNEL=hopper timeout 60 compute-sanitizer --tool racecheck python3 bench/smoke.py --small --no-triton \
     > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|smoke" "$OUT/racecheck.log" | tail -2
+  grep -E "Race reported" -A1 "$OUT/racecheck.log" | sed 's/.*seesaw_kernel[^ ]* //' | sort | uniq -c | head -8
+  if grep -q "Race reported" "$OUT/racecheck.log"; then  # control: the same tool on the h5 kernel
+    KDTREE_LIB=/tmp/libv1.so KDTREE_KERNEL=hopper timeout 60 compute-sanitizer --tool racecheck python3 bench/smoke.py \
+      --small --no-triton 2>&1 | grep -E "RACECHECK SUMMARY" | sed 's/^/[v1 control] /'
+  fi
 fi
 for lib in default v1; do
   if [ $lib = v1 ]; then export KDTREE_LIB=/tmp/libv1.so; fi
