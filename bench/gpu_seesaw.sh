@@ -18,6 +18,11 @@ if grep -q "smoke PASSED" "$OUT/seesaw_small.log"; then
   KDTREE_KERNEL=hopper timeout 60 compute-sanitizer --tool racecheck python3 bench/smoke.py --small --no-triton \
     > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$?"; grep -E "RACECHECK SUMMARY|smoke" "$OUT/racecheck.log" | tail -2
   grep -E "Race reported" -A1 "$OUT/racecheck.log" | sed 's/.*seesaw_kernel[^ ]* //' | sort | uniq -c | head -8
+  if grep -q "Race reported" "$OUT/racecheck.log"; then  # per-thread detail of the first hazards
+    KDTREE_KERNEL=hopper timeout 60 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 6 \
+      python3 bench/smoke.py --small --no-triton > "$OUT/racecheck_detail.log" 2>&1
+    grep -vE "^=========\s+(#|Saved)" "$OUT/racecheck_detail.log" | head -40
+  fi
   if grep -q "Race reported" "$OUT/racecheck.log"; then  # control: the same tool on the h5 kernel
     KDTREE_LIB=/tmp/libv1.so KDTREE_KERNEL=hopper timeout 60 compute-sanitizer --tool racecheck python3 bench/smoke.py \
       --small --no-triton 2>&1 | grep -E "RACECHECK SUMMARY" | sed 's/^/[v1 control] /'

@@ -68,10 +68,9 @@ using HalfL = GatherHalf<0, 4>;
 using HalfR = GatherHalf<4, 5>;
 
 // Where a tile's rows come from; everything a gathering thread needs besides the kernel params.
+// (The cache, draft-K and index pointers are read from the kernel parameters, which stay in the
+// constant bank, so they take no registers.)
 struct TileSource {
-  const __nv_bfloat16* kv;
-  const __nv_bfloat16* kd;
-  const int64_t* kv_indices;
   int64_t kv0;
   int64_t q0;
   int prefix;
@@ -84,13 +83,14 @@ struct TileSource {
 
 // Slot ids are fetched one tile ahead and range-checked when used (a check right after the load
 // stalls the warp on it: perf-notes h1).
-__device__ __forceinline__ void fetch_slots(const TileSource& src, int tile, int64_t (&slots)[4]) {
+__device__ __forceinline__ void fetch_slots(const TileSource& src, const KdtreeVerifyParams& p, int tile,
+                                            int64_t (&slots)[4]) {
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
     slots[u] = -1;
     if (tile < src.t_end && tile < src.prefix_tiles) {
       const int key = tile * 64 + src.key0 + 16 * u;
-      if (key < src.prefix) slots[u] = __ldg(src.kv_indices + src.kv0 + key);
+      if (key < src.prefix) slots[u] = __ldg(reinterpret_cast<const int64_t*>(p.kv_indices) + src.kv0 + key);
     }
   }
 }
@@ -107,11 +107,11 @@ __device__ __forceinline__ void gather_half(const TileSource& src, const KdtreeV
     bool valid;
     if (tile < src.prefix_tiles) {
       valid = slots[u] >= 0 && slots[u] < p.kv_num_slots;  // out of range reads as zeros
-      row = src.kv + (valid ? slots[u] : 0) * p.kv_stride_slot;
+      row = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache) + (valid ? slots[u] : 0) * p.kv_stride_slot;
     } else {
       const int c = (tile - src.prefix_tiles) * 64 + key_local;
       valid = c < src.n;
-      row = src.kd + (src.q0 + (valid ? c : 0)) * p.k_stride_tok;
+      row = reinterpret_cast<const __nv_bfloat16*>(p.k) + (src.q0 + (valid ? c : 0)) * p.k_stride_tok;
     }
     const uint32_t dst = dst_base + swizzled(key_local, src.chunk);
 #pragma unroll
@@ -123,17 +123,23 @@ __device__ __forceinline__ void gather_half(const TileSource& src, const KdtreeV
 }
 
 // S (+)= Q[:, atoms kA0..kA1) K[:, same]^T; atom 8 of Q comes from registers (rq8).
-// The descriptors do not depend on the tile, so without `opaque` the compiler hoists all 36 x 2
-// of them out of the pair loop and keeps them in registers (144 of them): it spills.
-__device__ __forceinline__ uint64_t opaque(uint64_t v) {
-  asm volatile("" : "+l"(v));
+// Descriptors as two 32-bit halves: the start address lives in the low word and every address
+// here is below 256 KB, so advancing a descriptor is one 32-bit add to the low word (a 64-bit add
+// costs two dependent uniform-datapath ops per wgmma). `opaque` keeps the compiler from hoisting
+// all 36 x 2 of them out of the pair loop into registers (that spilled).
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+  asm volatile("" : "+r"(v));
   return v;
+}
+__device__ __forceinline__ uint64_t desc_from(uint32_t lo, uint32_t hi) {
+  return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
 template <int kA0, int kA1, bool kZeroFirst>
 __device__ __forceinline__ void qk_atoms(float (&s)[32], uint32_t sQ, uint32_t sK, const uint32_t (&rq8)[4][4]) {
-  const uint64_t desc_q = opaque(make_desc(sQ, 16, 1024));
-  const uint64_t desc_k = opaque(make_desc(sK, 16, 1024));
+  const uint64_t dq = make_desc(sQ, 16, 1024), dk = make_desc(sK, 16, 1024);
+  const uint32_t q_lo = opaque(static_cast<uint32_t>(dq)), k_lo = opaque(static_cast<uint32_t>(dk));
+  const uint32_t hi = static_cast<uint32_t>(dk >> 32);  // same swizzle and stride for Q and K
 #pragma unroll
   for (int a = kA0; a < kA1; ++a) {
 #pragma unroll
@@ -141,9 +147,9 @@ __device__ __forceinline__ void qk_atoms(float (&s)[32], uint32_t sQ, uint32_t s
       const uint32_t off = (a * SeesawConfig::kAtomBytes + ks * 32) >> 4;
       const int acc = (kZeroFirst && a == kA0 && ks == 0) ? 0 : 1;
       if (a < 8) {
-        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, acc);
+        wgmma_m64n64k16_ss_kmajor(s, desc_from(q_lo + off, hi), desc_from(k_lo + off, hi), acc);
       } else {
-        wgmma_m64n64k16_rs_kmajor(s, rq8[ks], desc_k + off, acc);
+        wgmma_m64n64k16_rs_kmajor(s, rq8[ks], desc_from(k_lo + off, hi), acc);
       }
     }
   }
@@ -212,21 +218,23 @@ __device__ __forceinline__ bool any_not_one(const float (&f)[2]) {
 }
 
 __device__ __forceinline__ void pv_rs(float (&o)[128], const uint32_t (&pa)[4][4], uint64_t desc_v) {
-  desc_v = opaque(desc_v);
+  const uint32_t v_lo = opaque(static_cast<uint32_t>(desc_v)), v_hi = static_cast<uint32_t>(desc_v >> 32);
   wgmma_fence_operand(o);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_from(v_lo + kk * (2048 >> 4), v_hi), 1);
   wgmma_commit();
 }
 
 __device__ __forceinline__ void pv_ss(float (&o)[128], uint64_t desc_p, uint64_t desc_v) {
-  desc_p = opaque(desc_p);
-  desc_v = opaque(desc_v);
+  const uint32_t p_lo = opaque(static_cast<uint32_t>(desc_p)), p_hi = static_cast<uint32_t>(desc_p >> 32);
+  const uint32_t v_lo = opaque(static_cast<uint32_t>(desc_v)), v_hi = static_cast<uint32_t>(desc_v >> 32);
   wgmma_fence_operand(o);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
+  for (int kk = 0; kk < 4; ++kk) {
+    wgmma_m64n256k16_ss_bmn(o, desc_from(p_lo + kk * (32 >> 4), p_hi), desc_from(v_lo + kk * (2048 >> 4), v_hi), 1);
+  }
   wgmma_commit();
 }
 
@@ -265,9 +273,6 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
   auto full = [&](int buffer, int half) { return bar + 8 * (2 * buffer + half); };
 
   TileSource src;
-  src.kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
-  src.kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
-  src.kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
   src.kv0 = req.kv0;
   src.q0 = req.q0;
   src.prefix = req.prefix;
@@ -282,7 +287,7 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
     for (int i = 0; i < 4; ++i) mbar_init(bar + 8 * i, 128);
   }
   int64_t slots[4];
-  fetch_slots(src, t_begin, slots);
+  fetch_slots(src, p, t_begin, slots);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
 
   // ---- Q atoms 0..8 (zeros past the request) -> swizzled shared memory, its own cp.async group.
@@ -309,7 +314,7 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
     } else {
       gather_half<HalfR>(src, p, t_begin + i, slots, dst, full(i, 1));
     }
-    fetch_slots(src, t_begin + i + 1, slots);
+    fetch_slots(src, p, t_begin + i + 1, slots);
   }
   cp_async_wait<0>();  // this thread's Q group
   fence_proxy_async();
@@ -390,7 +395,7 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
       // Atoms 0..3 of buffer 0 are free (this warpgroup was their last reader): load tile A'.
       if (next) {
         gather_half<HalfL>(src, p, tA + 2, slots, sK0, full(0, 0));
-        fetch_slots(src, tA + 3, slots);
+        fetch_slots(src, p, tA + 3, slots);
       }
       if (has_b) {
         // m1 and P_B (relative to m1) from WG1: O_L = O_L 2^(m0 - m1) + P_B V_B[:, 0:256]
@@ -422,7 +427,7 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
           wgmma_fence_operand(o);
           if (2 * k + 3 < num_tiles) {
             gather_half<HalfL>(src, p, tA + 3, slots, sK1, full(1, 0));
-            fetch_slots(src, tA + 4, slots);
+            fetch_slots(src, p, tA + 4, slots);
           }
         }
         mbar_wait(full(0, 1), (k + 1) & 1);
@@ -502,7 +507,7 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
       }
       if (next) {
         gather_half<HalfR>(src, p, tB + 1, slots, sK0, full(0, 1));
-        fetch_slots(src, tB + 2, slots);
+        fetch_slots(src, p, tB + 2, slots);
       }
       if (has_b) {
         // O_R = O_R 2^(m0 - m1) + P_B V_B[:, 256:512] (P_B in registers)
@@ -513,7 +518,7 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1) verify_attention_se
       }
       if (2 * k + 3 < num_tiles) {
         gather_half<HalfR>(src, p, tB + 2, slots, sK1, full(1, 1));
-        fetch_slots(src, tB + 3, slots);
+        fetch_slots(src, p, tB + 3, slots);
         // S = Q K_B'^T: this warpgroup's atoms 4..8 first, then WG0's 0..3.
         mbar_wait(full(1, 1), (k + 1) & 1);
         fence_proxy_async();
