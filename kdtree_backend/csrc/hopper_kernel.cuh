@@ -190,7 +190,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     move[rr] = mx > st.m[rr] + kRescaleThreshold;  // also true the first time a row sees a key
     const float m_new = move[rr] ? mx : st.m[rr];
-    alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
+    alpha[rr] = move[rr] ? fast_exp2(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
     st.l[rr] *= alpha[rr];
     st.m[rr] = m_new;
   }
@@ -201,8 +201,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
     float sum = 0.f;
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-      s[nb * 4 + 2 * rr] = exp2f(s[nb * 4 + 2 * rr] - base);
-      s[nb * 4 + 2 * rr + 1] = exp2f(s[nb * 4 + 2 * rr + 1] - base);
+      s[nb * 4 + 2 * rr] = fast_exp2(s[nb * 4 + 2 * rr] - base);
+      s[nb * 4 + 2 * rr + 1] = fast_exp2(s[nb * 4 + 2 * rr + 1] - base);
       sum += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
     }
     st.l[rr] += sum;

@@ -171,7 +171,7 @@ __device__ __forceinline__ void row_max(const float (&s)[32], float (&mx)[2]) {
 // it by more than 8 (log2 units), so p <= 256 and most tiles rescale nothing.
 __device__ __forceinline__ float moved_max(float mx, float m) { return mx > m + 8.f ? mx : m; }
 // 2^(from - to) for to >= from; exactly 1 when the reference did not move (also -inf -> -inf).
-__device__ __forceinline__ float rescale_factor(float from, float to) { return to == from ? 1.f : exp2f(from - to); }
+__device__ __forceinline__ float rescale_factor(float from, float to) { return to == from ? 1.f : fast_exp2(from - to); }
 
 // s <- 2^(s - m) (m = -inf: nothing visible yet, all s are -inf too); returns this thread's sums.
 __device__ __forceinline__ void exp_and_sum(float (&s)[32], const float (&m)[2], float (&sum)[2]) {
@@ -181,8 +181,8 @@ __device__ __forceinline__ void exp_and_sum(float (&s)[32], const float (&m)[2],
     float acc = 0.f;
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb) {
-      s[nb * 4 + 2 * rr] = exp2f(s[nb * 4 + 2 * rr] - base);
-      s[nb * 4 + 2 * rr + 1] = exp2f(s[nb * 4 + 2 * rr + 1] - base);
+      s[nb * 4 + 2 * rr] = fast_exp2(s[nb * 4 + 2 * rr] - base);
+      s[nb * 4 + 2 * rr + 1] = fast_exp2(s[nb * 4 + 2 * rr + 1] - base);
       acc += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
     }
     sum[rr] = acc;

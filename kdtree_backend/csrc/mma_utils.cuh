@@ -63,6 +63,20 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// 2^x for the softmax: one MUFU.EX2 (flush-to-zero). exp2f adds a range check and two predicated
+// multiplies per call to produce denormal results, which no probability here needs (p = 2^(s - m)
+// with s - m <= 8; anything below 2^-126 of the row max is 0 for the output). -inf -> +0.
+// -DKDTREE_EXP2_EXACT restores exp2f (kept for the A/B in perf-notes).
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef KDTREE_EXP2_EXACT
+  return exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 // Barrier among `count` threads (a multiple of 32) using hardware barrier `id` (1..15; 0 is
 // __syncthreads). Lets the warps that share a row group meet without stopping the others.
 __device__ __forceinline__ void named_barrier(int id, int count) {
