@@ -10,7 +10,9 @@
 #include "combine_kernel.cuh"
 #include "hopper_kernel.cuh"
 #include "hopper_launch.h"
+#ifdef KDTREE_HOPPER_SEESAW
 #include "hopper_seesaw.cuh"
+#endif
 #include "launch_plan.h"
 
 namespace kdtree {
