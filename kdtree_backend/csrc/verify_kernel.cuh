@@ -325,7 +325,7 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
     float alpha[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      alpha[rr] = move[rr] ? fast_exp2(st.m[rr] - m_new[rr]) : 1.f;  // m = -inf -> 0 (l and O are 0)
+      alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new[rr]) : 1.f;  // m = -inf -> 0 (l and O are 0)
       st.l[rr] *= alpha[rr];
       st.m[rr] = m_new[rr];
     }
@@ -343,8 +343,8 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
     float sum = 0.f;
 #pragma unroll
     for (int f = 0; f < NT; ++f) {
-      s[f][2 * rr] = fast_exp2(s[f][2 * rr] - base);
-      s[f][2 * rr + 1] = fast_exp2(s[f][2 * rr + 1] - base);
+      s[f][2 * rr] = exp2f(s[f][2 * rr] - base);
+      s[f][2 * rr + 1] = exp2f(s[f][2 * rr + 1] - base);
       sum += s[f][2 * rr] + s[f][2 * rr + 1];
     }
     st.l[rr] += sum;
