@@ -4,17 +4,26 @@
 # the kernel path(s) in PATHS and its geometric-mean time is printed relative to the default.
 #   (device) VARIANTS="exact:-DKDTREE_EXP2_EXACT seesaw:-DKDTREE_HOPPER_SEESAW" PATHS=hopper,portable \
 #            bash bench/gpu_ab.sh
+# A variant "name:@path" times a prebuilt library (e.g. the previous commit's, carried in .whl/).
 set -uo pipefail
 t0=$(date +%s)
 source bench/gpu_env.sh
 PATHS=${PATHS:-hopper}
 for v in ${VARIANTS:-}; do
   name=${v%%:*}; flags=${v#*:}
+  if [ "${flags:0:1}" = "@" ]; then cp "${flags:1}" "/tmp/lib_$name.so"; continue; fi  # a prebuilt library
   python3 -c "import sys; from kdtree_backend.build import build; build('/tmp/lib_$name.so', extra_flags=tuple(sys.argv[1:]))" \
     ${flags//,/ } > "$OUT/build_$name.log" 2>&1 || { echo "build $name failed"; tail -3 "$OUT/build_$name.log"; }
 done
 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_kernel_gpu.py -p no:cacheprovider > "$OUT/kernel_tests.log" 2>&1
 echo "kernel tests (both paths, default build) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | tail -4
+for pth in ${SANITIZE:-}; do  # racecheck (smoke cases) and memcheck (sanitizer-sized kernel tests) per path
+  KDTREE_KERNEL=$pth timeout 60 compute-sanitizer --tool racecheck --print-limit 10 python3 bench/smoke.py --small \
+    --no-triton > "$OUT/racecheck-$pth.log" 2>&1; echo "racecheck ($pth) rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck-$pth.log"
+  KDTREE_KERNEL=$pth KDTREE_TEST_SMALL=1 timeout 90 compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
+    -p no:cacheprovider tests/gpu/test_kernel_gpu.py -k "$pth" > "$OUT/memcheck-$pth.log" 2>&1
+  echo "memcheck ($pth) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-$pth.log" | tail -2
+done
 for v in default ${VARIANTS:-}; do
   name=${v%%:*}
   if [ "$name" != default ]; then export KDTREE_LIB=/tmp/lib_$name.so; fi

@@ -45,19 +45,23 @@ struct VerifyConfig {
   static constexpr int kKvBytes = ST * kTileBytes;
   static constexpr int kStageBytes = kKvBytes > kQBytes ? kKvBytes : kQBytes;  // Q is staged here first
   static constexpr int kExchangeBytes = CS > 1 ? CS * kM * BN * 4 : 0;
-  static constexpr int kSmemBytes = kStageBytes + kExchangeBytes;
+  // Slot ids of the next two tiles, staged by cp.async with the K rows (int64 each).
+  static constexpr int kSlotRingOff = kStageBytes + kExchangeBytes;
+  static constexpr int kSlotRingBytes = 2 * BN * 8;
+  static constexpr int kKv0Off = kSlotRingOff + kSlotRingBytes;  // int64: the request's first kv_indices entry
+  static constexpr int kSmemBytes = kKv0Off + 16;
 
   static_assert(kQkSlice % 16 == 0, "each warp's QK depth slice must be whole mma k-steps");
   static_assert(kVSlice % 16 == 0, "each warp's output slice must be whole ldmatrix.x4 pairs");
   static_assert(BN % 16 == 0, "key tiles are whole mma k-steps for PV");
   static_assert(kThreads % BN == 0 && kThreads % kM == 0, "load mapping: whole threads per row");
-  static_assert(ST >= 2, "need at least double buffering");
+  static_assert(ST == 2, "the slot-id ring assumes double buffering: ids staged with tile t land by tile t+1's issue");
   static_assert(RG + 1 <= 16, "named barrier ids 1..RG");
 };
 
 // The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
 // select. 64 query rows x 32-key tiles, double-buffered: 2 x 37,376 B of K tiles + 16,384 B of
-// score exchange = 91,136 B of shared memory. ptxas: 0 spills on sm_120; on sm_90 8 B (see
+// score exchange + 512 B of staged slot ids + 16 B = 91,664 B of shared memory. ptxas: 0 spills on sm_120; on sm_90 8 B (see
 // docs/perf-notes.md: 25-35% faster than 16-key tiles on the H200, which spill nothing).
 using PortableConfig = VerifyConfig<4, 2, 32, 2>;
 // Experimental (bench only, built with -DKDTREE_EXPERIMENTAL_CONFIGS, KDTREE_KERNEL_CONFIG=1):
@@ -431,6 +435,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
   const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
 
+  // ---- K-tile loading: each thread copies chunks of one key row. The row's slot id reaches shared
+  // memory by cp.async one tile ahead (with the previous tile's rows), so issuing a tile never
+  // waits on an index load: range-checking an id right after its __ldg stalled every warp once
+  // per tile (perf-notes p6).
+  constexpr int kTprK = Cfg::kThreads / Cfg::kBN;
+  constexpr int kChunksPerThread = (kRowChunks + kTprK - 1) / kTprK;
+  const int my_key = tid / kTprK;
+  const int my_chunk0 = tid % kTprK;
+  // The ring: int64 [2][kBN] at kSlotRingOff, entry (tile - t_begin) & 1.
+  auto slot_addr = [&](int tile) {
+    return stage_base + Cfg::kSlotRingOff + (((tile - t_begin) & 1) * Cfg::kBN + my_key) * 8;
+  };
+  auto stage_slot = [&](int tile) {
+    if (my_chunk0 == 0 && tile < t_end && tile < w.prefix_tiles) {
+      const int j = tile * Cfg::kBN + my_key;
+      const bool in_prefix = j < req.prefix;  // beyond it: zeros, never used as a slot
+      // kv0 from shared memory: a register holding it across the tile loop pushed the sm_120
+      // build past 255 registers (spills).
+      const int64_t kv0 = ld_shared_s64(stage_base + Cfg::kKv0Off);
+      cp_async_8(slot_addr(tile), kv_indices + kv0 + (in_prefix ? j : 0), in_prefix);
+    }
+  };
+
   // ---- Q tile -> shared memory (zeros past the request) -> registers.
   {
     constexpr int kTpr = Cfg::kThreads / Cfg::kM;
@@ -445,6 +472,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
       const int c = tid % kTpr + kTpr * u;
       cp_async_16(stage_base + row_offset(row, c), src + c * 8, valid);
     }
+    if (tid == 0) *reinterpret_cast<int64_t*>(g_smem + Cfg::kKv0Off) = req.kv0;
+    __syncthreads();
+    stage_slot(t_begin);
+    stage_slot(t_begin + 1);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -465,30 +496,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   st.l[0] = st.l[1] = 0.f;
   __syncthreads();  // the staging area now becomes the K pipeline
 
-  // ---- K tiles: each thread copies chunks of one key row; its slot id is fetched a tile ahead.
-  constexpr int kTprK = Cfg::kThreads / Cfg::kBN;
-  constexpr int kChunksPerThread = (kRowChunks + kTprK - 1) / kTprK;
-  const int my_key = tid / kTprK;
-  const int my_chunk0 = tid % kTprK;
-  // Slot ids are checked against the cache size when fetched and kept as 32-bit (-1 = no row):
-  // a pool of 2^31 576-wide rows would be 2.5 TB.
-  auto fetch_slot = [&](int tile) -> int {
-    if (tile < t_end && tile < w.prefix_tiles) {
-      const int j = tile * Cfg::kBN + my_key;
-      if (j < req.prefix) {
-        const int64_t slot = __ldg(kv_indices + req.kv0 + j);
-        return (slot >= 0 && slot < p.kv_num_slots) ? static_cast<int>(slot) : -1;
-      }
-    }
-    return -1;
-  };
-  auto issue_tile = [&](int tile, int slot) {
+  // Slot ids are range-checked when used: an id outside the cache reads as a zero row.
+  auto issue_tile = [&](int tile) {
     const uint32_t dst_base = stage_base + ((tile - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
     const __nv_bfloat16* src;
     bool valid;
     if (tile < w.prefix_tiles) {
-      valid = slot >= 0;
-      src = kv + static_cast<int64_t>(valid ? slot : 0) * p.kv_stride_slot;
+      const int j = tile * Cfg::kBN + my_key;
+      const int64_t slot = ld_shared_s64(slot_addr(tile));
+      valid = j < req.prefix && slot >= 0 && slot < p.kv_num_slots;
+      src = kv + (valid ? slot : 0) * p.kv_stride_slot;
     } else {
       const int c = (tile - w.prefix_tiles) * Cfg::kBN + my_key;
       valid = c < req.n;
@@ -503,17 +520,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
     }
   };
 
-  int next_tile = t_begin;
-  int next_slot = fetch_slot(next_tile);
-#pragma unroll
-  for (int s = 0; s < Cfg::kStages - 1; ++s) {
-    if (next_tile < t_end) {
-      issue_tile(next_tile, next_slot);
-      ++next_tile;
-      next_slot = fetch_slot(next_tile);
-    }
-    cp_async_commit();
-  }
+  issue_tile(t_begin);  // its slot ids landed with Q
+  cp_async_commit();
 
   const LaneOffsets lo = make_lane_offsets(lane);
   TileContext tc;
@@ -524,11 +532,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   for (int t = t_begin; t < t_end; ++t) {
     cp_async_wait<Cfg::kStages - 2>();
     __syncthreads();  // tile t landed for everyone; everyone is done with tile t-1's buffer
-    if (next_tile < t_end) {
-      issue_tile(next_tile, next_slot);
-      ++next_tile;
-      next_slot = fetch_slot(next_tile);
-    }
+    // Tile t+1's slot ids landed with tile t (the wait above); tile t+2's go into the ring entry
+    // tile t's used, which everyone has passed (the barrier above).
+    if (t + 1 < t_end) issue_tile(t + 1);
+    stage_slot(t + 2);
     cp_async_commit();
 
     tc.is_prefix = t < w.prefix_tiles;
