@@ -2,7 +2,7 @@
 # One device call that compares builds of the same checkout (compile flags) on the smoke shapes:
 # the default build runs the kernel GPU tests on both paths first; then each variant is timed on
 # the kernel path(s) in PATHS and its geometric-mean time is printed relative to the default.
-#   (device) VARIANTS="exact:-DKDTREE_EXP2_EXACT seesaw:-DKDTREE_HOPPER_SEESAW" PATHS=hopper,portable \
+#   (device) VARIANTS="exact:-DKDTREE_EXP2_EXACT" PATHS=hopper,portable \
 #            bash bench/gpu_ab.sh
 # A variant "name:@path" times a prebuilt library (e.g. the previous commit's, carried in .whl/).
 set -uo pipefail

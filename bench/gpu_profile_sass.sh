@@ -7,7 +7,7 @@ set -uo pipefail
 source bench/gpu_env.sh
 shape=${1:-32,16,64,8192}
 export KDTREE_KERNEL=${PATH_KERNEL:-hopper}
-if [ "$KDTREE_KERNEL" = hopper ]; then name_re="(hopper|seesaw)_kernel"; else name_re=verify_attention_kernel; fi
+if [ "$KDTREE_KERNEL" = hopper ]; then name_re=hopper_kernel; else name_re=verify_attention_kernel; fi
 timeout 200 ncu --clock-control none --kernel-name "regex:$name_re" --launch-skip 1 --launch-count 1 \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section LaunchStats --section Occupancy \

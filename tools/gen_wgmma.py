@@ -66,10 +66,6 @@ def render() -> str:
         "\n",
         _rs("wgmma_m64n256k16_rs_bmn", 256, 1,
             "O(64x256) (+)= A(64x16, registers) * B(16x256, N-major smem): PV with P in registers."),
-        "\n",
-        _rs("wgmma_m64n64k16_rs_kmajor", 64, 0,
-            "S(64x64) (+)= A(64x16, registers) * B(64x16, K-major smem)^T: QK^T with Q's rope columns\n"
-            "// (512..575) held in registers, which frees their shared memory for the second P buffer."),
         "\n// Keeps the compiler from moving accumulator registers across wgmma issue and wait.\n",
         _fence(32),
         "\n",

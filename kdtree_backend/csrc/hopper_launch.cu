@@ -10,9 +10,6 @@
 #include "combine_kernel.cuh"
 #include "hopper_kernel.cuh"
 #include "hopper_launch.h"
-#ifdef KDTREE_HOPPER_SEESAW
-#include "hopper_seesaw.cuh"
-#endif
 #include "launch_plan.h"
 
 namespace kdtree {
@@ -21,26 +18,16 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-// The h1-h5 kernel (hopper_kernel.cuh) unless built with -DKDTREE_HOPPER_SEESAW (the seesaw
-// schedule, hopper_seesaw.cuh: measured slower so far, perf-notes h6; kept while it is tuned).
-#ifdef KDTREE_HOPPER_SEESAW
-using ActiveConfig = SeesawConfig;
-constexpr auto kActiveKernel = verify_attention_seesaw_kernel;
-#else
-using ActiveConfig = HopperConfig;
-constexpr auto kActiveKernel = verify_attention_hopper_kernel;
-#endif
-
 int ensure_smem_attribute(int device, char* err, size_t err_len) {
   static std::atomic<bool> done[kMaxDevices];
   if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire)) return KDTREE_OK;
-  const cudaError_t e = cudaFuncSetAttribute(kActiveKernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, ActiveConfig::kSmemBytes);
+  const cudaError_t e = cudaFuncSetAttribute(verify_attention_hopper_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, HopperConfig::kSmemBytes);
   if (e != cudaSuccess) {
     snprintf(err, err_len,
              "the Hopper kernel cannot run on device %d: cudaFuncSetAttribute(%d bytes of shared memory) failed: %s "
              "(it is built for sm_90a only: H100/H200; set KDTREE_KERNEL=portable elsewhere)",
-             device, ActiveConfig::kSmemBytes, cudaGetErrorString(e));
+             device, HopperConfig::kSmemBytes, cudaGetErrorString(e));
     return status_of(e);
   }
   if (device >= 0 && device < kMaxDevices) done[device].store(true, std::memory_order_release);
@@ -49,7 +36,7 @@ int ensure_smem_attribute(int device, char* err, size_t err_len) {
 
 }  // namespace
 
-static_assert(kRowsPerTile == ActiveConfig::kM, "hopper_launch.h and the kernel disagree on the row tile");
+static_assert(kRowsPerTile == HopperConfig::kM, "hopper_launch.h and the kernel disagree on the row tile");
 static_assert(kMaxSplitsPlan == kMaxSplits, "launch_plan.h and combine_kernel.cuh disagree on the split limit");
 
 int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t err_len) {
@@ -61,15 +48,15 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   }
   int rc = ensure_smem_attribute(device, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  const int row_tiles = row_tiles_for(p.num_heads, p.max_qo_len, ActiveConfig::kM);
-  rc = check_workspace(p, row_tiles, ActiveConfig::kM, err, err_len);
+  const int row_tiles = row_tiles_for(p.num_heads, p.max_qo_len, HopperConfig::kM);
+  rc = check_workspace(p, row_tiles, HopperConfig::kM, err, err_len);
   if (rc != KDTREE_OK) return rc;
   if (row_tiles > 65535 * 64) {
     snprintf(err, err_len, "too many query rows per request");
     return KDTREE_ERR_UNSUPPORTED;
   }
   dim3 grid(row_tiles, p.num_splits, p.batch);
-  kActiveKernel<<<grid, ActiveConfig::kThreads, ActiveConfig::kSmemBytes, stream>>>(p);
+  verify_attention_hopper_kernel<<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p);
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     snprintf(err, err_len, "launch of the Hopper verify kernel (grid %d x %d x %d) failed: %s", row_tiles,
@@ -77,8 +64,8 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     return status_of(e);
   }
   if (p.num_splits > 1) {
-    dim3 cgrid((row_tiles * ActiveConfig::kM + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock, p.batch);
-    combine_splits_kernel<ActiveConfig><<<cgrid, kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
+    dim3 cgrid((row_tiles * HopperConfig::kM + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock, p.batch);
+    combine_splits_kernel<HopperConfig><<<cgrid, kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
       snprintf(err, err_len, "launch of the split-combine kernel (Hopper) failed: %s", cudaGetErrorString(e));
@@ -90,7 +77,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
 
 int probe(int device, char* msg, size_t msg_len) {
   cudaFuncAttributes attr;
-  const cudaError_t e = cudaFuncGetAttributes(&attr, kActiveKernel);
+  const cudaError_t e = cudaFuncGetAttributes(&attr, verify_attention_hopper_kernel);
   if (e != cudaSuccess) {
     cudaGetLastError();
     snprintf(msg, msg_len, "no Hopper (sm_90a) kernel image for device %d: %s", device, cudaGetErrorString(e));
@@ -98,13 +85,13 @@ int probe(int device, char* msg, size_t msg_len) {
   }
   int optin = 0;
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (optin < ActiveConfig::kSmemBytes) {
+  if (optin < HopperConfig::kSmemBytes) {
     snprintf(msg, msg_len, "device %d allows %d bytes of shared memory per block; the Hopper kernel needs %d", device,
-             optin, ActiveConfig::kSmemBytes);
+             optin, HopperConfig::kSmemBytes);
     return KDTREE_ERR_UNSUPPORTED;
   }
   snprintf(msg, msg_len, "Hopper kernel: sm_%d binary, %d registers/thread, %d B dynamic shared memory, %d local bytes",
-           attr.binaryVersion, attr.numRegs, ActiveConfig::kSmemBytes, static_cast<int>(attr.localSizeBytes));
+           attr.binaryVersion, attr.numRegs, HopperConfig::kSmemBytes, static_cast<int>(attr.localSizeBytes));
   return KDTREE_OK;
 }
 
