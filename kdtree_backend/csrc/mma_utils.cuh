@@ -88,41 +88,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
-// ---- mbarriers and the async proxy (sm_90+: both kernels are built for sm_90 / sm_120 only).
-// Generic-proxy shared-memory accesses (st.shared, cp.async, ldmatrix) ordered before later
-// async-proxy ones (wgmma reads, bulk-copy writes) of the same memory.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Arrives on `bar` when all of this thread's earlier cp.async have landed (count set at init).
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-// One arrival on `bar` that also expects `bytes` more of bulk-copy data in the current phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Bulk copy (the copy engine, one instruction) of `bytes` (a multiple of 16; both addresses
-// 16-byte aligned) from global to shared memory; completes `bytes` on the mbarrier `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 // Barrier among `count` threads (a multiple of 32) using hardware barrier `id` (1..15; 0 is
 // __syncthreads). Lets the warps that share a row group meet without stopping the others.
 __device__ __forceinline__ void named_barrier(int id, int count) {

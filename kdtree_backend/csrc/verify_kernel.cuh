@@ -49,21 +49,19 @@ struct VerifyConfig {
   static constexpr int kSlotRingOff = kStageBytes + kExchangeBytes;
   static constexpr int kSlotRingBytes = 2 * BN * 8;
   static constexpr int kKv0Off = kSlotRingOff + kSlotRingBytes;  // int64: the request's first kv_indices entry
-  static constexpr int kBarOff = kKv0Off + 16;                     // uint64[ST]: K tile s landed (mbarrier)
-  static constexpr int kSmemBytes = kBarOff + ST * 8;
+  static constexpr int kSmemBytes = kKv0Off + 16;
 
   static_assert(kQkSlice % 16 == 0, "each warp's QK depth slice must be whole mma k-steps");
   static_assert(kVSlice % 16 == 0, "each warp's output slice must be whole ldmatrix.x4 pairs");
   static_assert(BN % 16 == 0, "key tiles are whole mma k-steps for PV");
   static_assert(kThreads % BN == 0 && kThreads % kM == 0, "load mapping: whole threads per row");
   static_assert(ST == 2, "the slot-id ring assumes double buffering: ids staged with tile t land by tile t+1's issue");
-  static_assert(BN == 32, "one loader warp copies a tile: lane k copies key row k");
   static_assert(RG + 1 <= 16, "named barrier ids 1..RG");
 };
 
 // The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
 // select. 64 query rows x 32-key tiles, double-buffered: 2 x 37,376 B of K tiles + 16,384 B of
-// score exchange + 512 B of staged slot ids + 32 B = 91,680 B of shared memory. ptxas: 0 spills on sm_120; on sm_90 8 B (see
+// score exchange + 512 B of staged slot ids + 16 B = 91,664 B of shared memory. ptxas: 0 spills on sm_120; on sm_90 8 B (see
 // docs/perf-notes.md: 25-35% faster than 16-key tiles on the H200, which spill nothing).
 using PortableConfig = VerifyConfig<4, 2, 32, 2>;
 // Experimental (bench only, built with -DKDTREE_EXPERIMENTAL_CONFIGS, KDTREE_KERNEL_CONFIG=1):
@@ -437,19 +435,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
   const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
 
-  // ---- K-tile loading: warp 0 is the loader; lane k copies key row k of a tile with one bulk copy
-  // (1,152 contiguous bytes, landing contiguous in the padded row layout) that completes on the
-  // stage's mbarrier: 32 copy-engine instructions per tile instead of 2,304 16-byte cp.async, whose
-  // issue backed up the LSU (perf-notes p8). The row's slot id reaches shared memory by an 8-byte
-  // cp.async one tile ahead, so issuing a tile never waits on an index load (p6).
-  const bool loader = tid < 32;
-  const int my_key = lane;  // loader lanes only
+  // ---- K-tile loading: each thread copies chunks of one key row. The row's slot id reaches shared
+  // memory by cp.async one tile ahead (with the previous tile's rows), so issuing a tile never
+  // waits on an index load: range-checking an id right after its __ldg stalled every warp once
+  // per tile (perf-notes p6).
+  constexpr int kTprK = Cfg::kThreads / Cfg::kBN;
+  constexpr int kChunksPerThread = (kRowChunks + kTprK - 1) / kTprK;
+  const int my_key = tid / kTprK;
+  const int my_chunk0 = tid % kTprK;
   // The ring: int64 [2][kBN] at kSlotRingOff, entry (tile - t_begin) & 1.
   auto slot_addr = [&](int tile) {
     return stage_base + Cfg::kSlotRingOff + (((tile - t_begin) & 1) * Cfg::kBN + my_key) * 8;
   };
   auto stage_slot = [&](int tile) {
-    if (loader && tile < t_end && tile < w.prefix_tiles) {
+    if (my_chunk0 == 0 && tile < t_end && tile < w.prefix_tiles) {
       const int j = tile * Cfg::kBN + my_key;
       const bool in_prefix = j < req.prefix;  // beyond it: zeros, never used as a slot
       // kv0 from shared memory: a register holding it across the tile loop pushed the sm_120
@@ -458,7 +457,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
       cp_async_8(slot_addr(tile), kv_indices + kv0 + (in_prefix ? j : 0), in_prefix);
     }
   };
-  auto stage_bar = [&](int tile) { return stage_base + Cfg::kBarOff + ((tile - t_begin) & 1) * 8; };
 
   // ---- Q tile -> shared memory (zeros past the request) -> registers.
   {
@@ -474,11 +472,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
       const int c = tid % kTpr + kTpr * u;
       cp_async_16(stage_base + row_offset(row, c), src + c * 8, valid);
     }
-    if (tid == 0) {
-      *reinterpret_cast<int64_t*>(g_smem + Cfg::kKv0Off) = req.kv0;
-      mbar_init(stage_base + Cfg::kBarOff, 1);
-      mbar_init(stage_base + Cfg::kBarOff + 8, 1);
-    }
+    if (tid == 0) *reinterpret_cast<int64_t*>(g_smem + Cfg::kKv0Off) = req.kv0;
     __syncthreads();
     stage_slot(t_begin);
     stage_slot(t_begin + 1);
@@ -502,11 +496,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   st.l[0] = st.l[1] = 0.f;
   __syncthreads();  // the staging area now becomes the K pipeline
 
-  // Issued by the loader warp. Slot ids are range-checked here: an id outside the cache, a key
-  // past the prefix or a draft row past n reads as a zero row (plain stores: a bulk copy cannot
-  // zero-fill), so no garbage (possibly Inf/NaN bits) ever enters a matmul.
+  // Slot ids are range-checked when used: an id outside the cache reads as a zero row.
   auto issue_tile = [&](int tile) {
-    const uint32_t dst = stage_base + ((tile - t_begin) & 1) * Cfg::kTileBytes + row_offset(my_key, 0);
+    const uint32_t dst_base = stage_base + ((tile - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
     const __nv_bfloat16* src;
     bool valid;
     if (tile < w.prefix_tiles) {
@@ -519,22 +511,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
       valid = c < req.n;
       src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
     }
-    const uint32_t bar = stage_bar(tile);
-    const unsigned valid_rows = __popc(__ballot_sync(0xffffffffu, valid));
-    fence_proxy_async();  // this buffer's earlier generic accesses (ldmatrix, zero stores) come first
-    if (lane == 0) mbar_arrive_expect_tx(bar, valid_rows * kRowBytes);
-    __syncwarp();
-    if (valid) {
-      bulk_copy_g2s(dst, src, kRowBytes, bar);
-    } else {
-#pragma unroll 4
-      for (int c = 0; c < kRowChunks; ++c) {
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + c * 16), "r"(0) : "memory");
+#pragma unroll
+    for (int u = 0; u < kChunksPerThread; ++u) {
+      const int c = my_chunk0 + kTprK * u;
+      if (kRowChunks % kTprK == 0 || c < kRowChunks) {
+        cp_async_16(dst_base + row_offset(my_key, c), src + c * 8, valid);
       }
     }
   };
 
-  if (loader) issue_tile(t_begin);  // its slot ids landed with Q
+  issue_tile(t_begin);  // its slot ids landed with Q
+  cp_async_commit();
 
   const LaneOffsets lo = make_lane_offsets(lane);
   TileContext tc;
@@ -543,16 +530,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   tc.row0 = row_tile * Cfg::kM + g * 16 + (lane >> 2);
 
   for (int t = t_begin; t < t_end; ++t) {
-    mbar_wait(stage_bar(t), ((t - t_begin) >> 1) & 1);  // tile t's bulk copies landed
-    cp_async_wait<0>();  // the loader's slot ids for tile t+1
-    __syncthreads();  // zero rows of tile t visible; everyone is done with tile t-1's buffer
-    // Tile t+1's slot ids landed (the wait above); tile t+2's go into the ring entry tile t's used,
-    // which everyone has passed (the barrier above).
-    if (loader) {
-      if (t + 1 < t_end) issue_tile(t + 1);
-      stage_slot(t + 2);
-      cp_async_commit();
-    }
+    cp_async_wait<Cfg::kStages - 2>();
+    __syncthreads();  // tile t landed for everyone; everyone is done with tile t-1's buffer
+    // Tile t+1's slot ids landed with tile t (the wait above); tile t+2's go into the ring entry
+    // tile t's used, which everyone has passed (the barrier above).
+    if (t + 1 < t_end) issue_tile(t + 1);
+    stage_slot(t + 2);
+    cp_async_commit();
 
     tc.is_prefix = t < w.prefix_tiles;
     tc.key_base = tc.is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
