@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -48,6 +49,13 @@ def clean_env(**overrides: str) -> dict:
         else:
             env[k] = v
     return env
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (for fake servers and readiness waits)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def run_python(code: str, env: dict, timeout: float = 120, args=()) -> subprocess.CompletedProcess:

@@ -16,18 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "launch_with_kdtree.py"
 FAKE = ROOT / "tests" / "fixtures_ops" / "fake_server.py"
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launcher_env(tmp_path, **extra) -> dict:
