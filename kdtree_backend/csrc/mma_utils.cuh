@@ -76,7 +76,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // 2^x for the softmax: one MUFU.EX2 (flush-to-zero). exp2f adds a range check and two predicated
 // multiplies per call to produce denormal results, which no probability here needs (p = 2^(s - m)
 // with s - m <= 8; anything below 2^-126 of the row max is 0 for the output). -inf -> +0.
-// Used by the Hopper kernels (perf-notes h7: ~1-2% there); the portable kernel keeps exp2f (the
+// Used by the Hopper kernel (perf-notes h7: ~1-2% there); the portable kernel keeps exp2f (the
 // asm raised its sm_90 spills and it measured slower). -DKDTREE_EXP2_EXACT restores exp2f.
 __device__ __forceinline__ float fast_exp2(float x) {
 #ifdef KDTREE_EXP2_EXACT

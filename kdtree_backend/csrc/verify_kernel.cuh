@@ -61,8 +61,9 @@ struct VerifyConfig {
 
 // The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
 // select. 64 query rows x 32-key tiles, double-buffered: 2 x 37,376 B of K tiles + 16,384 B of
-// score exchange + 512 B of staged slot ids + 16 B = 91,664 B of shared memory. ptxas: 0 spills on sm_120; on sm_90 8 B (see
-// docs/perf-notes.md: 25-35% faster than 16-key tiles on the H200, which spill nothing).
+// score exchange + 512 B of staged slot ids + 16 B for kv0 = 91,664 B of shared memory. ptxas:
+// 0 spills on sm_120; on sm_90 8 B (see docs/perf-notes.md: 25-35% faster than 16-key tiles on
+// the H200, which spill nothing).
 using PortableConfig = VerifyConfig<4, 2, 32, 2>;
 // Experimental (bench only, built with -DKDTREE_EXPERIMENTAL_CONFIGS, KDTREE_KERNEL_CONFIG=1):
 // 32 query rows x 32-key tiles, 8 warps = 2 row groups x 4 slices (O 64 + Q 36 registers a
