@@ -3,7 +3,7 @@
 # the default build runs the kernel GPU tests on both paths first; then each variant is timed on
 # the kernel path(s) in PATHS and its geometric-mean time is printed relative to the default.
 #   (device) VARIANTS="exact:-DKDTREE_EXP2_EXACT" PATHS=hopper,portable \
-#            bash bench/gpu_ab.sh
+#            VARIANT_TESTS="exact:hopper" bash bench/gpu_ab.sh
 # A variant "name:@path" times a prebuilt library (e.g. the previous commit's, carried in .whl/).
 set -uo pipefail
 t0=$(date +%s)
@@ -17,6 +17,12 @@ for v in ${VARIANTS:-}; do
 done
 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_kernel_gpu.py -p no:cacheprovider > "$OUT/kernel_tests.log" 2>&1
 echo "kernel tests (both paths, default build) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | tail -4
+for vt in ${VARIANT_TESTS:-}; do  # "name:path": that variant's build through the kernel tests of one path
+  vname=${vt%%:*}; vpath=${vt#*:}
+  KDTREE_LIB=/tmp/lib_$vname.so timeout 120 python3 -m pytest -q -m gpu tests/gpu/test_kernel_gpu.py -k "$vpath" \
+    -p no:cacheprovider > "$OUT/kernel_tests_$vname.log" 2>&1
+  echo "kernel tests ($vname, $vpath path) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests_$vname.log" | tail -3
+done
 for pth in ${SANITIZE:-}; do  # racecheck (smoke cases) and memcheck (sanitizer-sized kernel tests) per path
   KDTREE_KERNEL=$pth timeout 60 compute-sanitizer --tool racecheck --print-limit 10 python3 bench/smoke.py --small \
     --no-triton > "$OUT/racecheck-$pth.log" 2>&1; echo "racecheck ($pth) rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck-$pth.log"

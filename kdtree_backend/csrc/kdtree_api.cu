@@ -9,6 +9,7 @@
 #include "combine_kernel.cuh"
 #include "kdtree_api.h"
 #include "launch_plan.h"
+#include "pdl_launch.h"
 #include "verify_kernel.cuh"
 #ifdef KDTREE_WITH_HOPPER
 #include "hopper_launch.h"
@@ -71,8 +72,7 @@ struct Launcher {
     if (rc != KDTREE_OK) return fail(rc, "%s", err);
     if (row_tiles > 65535 * 64) return fail(KDTREE_ERR_UNSUPPORTED, "too many query rows per request");
     dim3 grid(row_tiles, p.num_splits, p.batch);
-    kdtree::verify_attention_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
-    e = cudaGetLastError();
+    e = kdtree::launch_pdl(kdtree::verify_attention_kernel<Cfg>, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
     if (e != cudaSuccess) {
       return fail(kdtree::status_of(e),
                   "launch of the verify kernel (grid %d x %d x %d) failed: %s", row_tiles, p.num_splits, p.batch,
@@ -80,8 +80,8 @@ struct Launcher {
     }
     if (p.num_splits > 1) {
       dim3 cgrid((row_tiles * Cfg::kM + kdtree::kCombineRowsPerBlock - 1) / kdtree::kCombineRowsPerBlock, p.batch);
-      kdtree::combine_splits_kernel<Cfg><<<cgrid, kdtree::kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
-      e = cudaGetLastError();
+      e = kdtree::launch_pdl(kdtree::combine_splits_kernel<Cfg>, cgrid, dim3(kdtree::kCombineRowsPerBlock * 32), 0, stream,
+                             p, row_tiles);
       if (e != cudaSuccess) {
         return fail(KDTREE_ERR_CUDA, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
       }
