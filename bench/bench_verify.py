@@ -64,6 +64,22 @@ DEVICE = "cuda"  # the CPU dry-run test points this at "cpu" with fake CUDA time
 # ------------------------------------------------------------------------------------------
 # pure arithmetic (tested on the CPU: tests/test_reference_cpu.py)
 # ------------------------------------------------------------------------------------------
+def parse_shapes(text: str) -> list:
+    """"B,H,n,L;B,H,n,L;..." -> shapes (for sweeps outside the issue grid, e.g. fixed-cost fits)."""
+    shapes = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        vals = [int(x) for x in part.split(",")]
+        if len(vals) != 4 or min(vals[:3]) < 1 or vals[3] < 0:
+            raise ValueError(f"shape {part!r}: want B,H,n,L with B,H,n >= 1 and L >= 0")
+        shapes.append(Shape(*vals))
+    if not shapes:
+        raise ValueError("no shapes given")
+    return shapes
+
+
 def build_grid(quick: bool = False) -> list:
     if quick:
         return list(QUICK)
@@ -238,6 +254,7 @@ def format_summary(s: dict) -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="bench/bench_verify.py", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"only {len(QUICK)} shapes")
+    ap.add_argument("--shapes", default=None, help="'B,H,n,L;...' instead of the issue grid (e.g. an L sweep)")
     ap.add_argument("--skip-triton", action="store_true", help="do not time SGLang's extend_attention_fwd (slow at large shapes)")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(IMPLS)} (e.g. 'ours')")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/<date>-<gpu>-<commit>.json)")
@@ -251,6 +268,11 @@ def parse_args(argv=None):
     ap.add_argument("--commit", default=None, help="commit id to record (default: git, else $KDTREE_COMMIT)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.shapes is not None:
+        try:
+            parse_shapes(a.shapes)
+        except ValueError as e:
+            ap.error(f"--shapes: {e}")
     if a.only is not None:
         a.only = ",".join(x.strip() for x in a.only.split(",") if x.strip())
         bad = [x for x in a.only.split(",") if x not in IMPLS]
@@ -631,7 +653,7 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
         return summary
 
-    grid = build_grid(args.quick)
+    grid = parse_shapes(args.shapes) if args.shapes else build_grid(args.quick)
     for i, s in enumerate(grid):
         if time.time() - t_start > args.time_limit:
             skipped.append(s._asdict())

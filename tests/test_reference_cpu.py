@@ -381,6 +381,12 @@ def test_bench_grid_and_args():
     assert bv.selected_impls(a) == ["ours"]
     assert bv.selected_impls(bv.parse_args([])) == ["ours", "triton", "verify_mla", "flashmla"]
     assert "triton" not in bv.selected_impls(bv.parse_args(["--skip-triton"]))
+    assert bv.parse_shapes("8,16,64,0; 8,16,64,1024;") == [bv.Shape(8, 16, 64, 0), bv.Shape(8, 16, 64, 1024)]
+    for bad in ("8,16,64", "0,16,64,1024", "8,16,64,-1", "", "a,b,c,d"):
+        with pytest.raises(ValueError):
+            bv.parse_shapes(bad)
+    with pytest.raises(SystemExit):
+        bv.parse_args(["--shapes", "8,16,64"])
 
 
 def test_bench_roofline_arithmetic():

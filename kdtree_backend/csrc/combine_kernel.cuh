@@ -18,8 +18,6 @@ __global__ void __launch_bounds__(kCombineRowsPerBlock * 32) combine_splits_kern
   const int lane = threadIdx.x & 31;
   const int r = blockIdx.x * kCombineRowsPerBlock + (threadIdx.x >> 5);
   const int b = blockIdx.y;
-  grid_dependency_wait();  // the main kernel's partials (programmatic dependent launch)
-  allow_dependents_launch();
   const RequestView req = load_request(p, b);
   const int H = p.num_heads;
   if (r >= req.n * H) return;

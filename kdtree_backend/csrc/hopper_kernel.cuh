@@ -90,10 +90,28 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// A register A operand (P) of an in-flight wgmma: keeps it live, unmoved, until after the wait.
-__device__ __forceinline__ void wgmma_fence_operand(uint32_t (&a)[4]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
+// Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma (async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrives on `bar` when all of this thread's earlier cp.async have landed (count set at init).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  }
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -239,8 +257,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   const int wg = tid >> 7;           // 0: math, 1: helper
   const int warp_in_wg = (tid >> 5) & 3;
 
-  grid_dependency_wait();  // the previous kernel on the stream is done (programmatic dependent launch)
-  allow_dependents_launch();
   const RequestView req = load_request(p, b);
   const int H = p.num_heads;
   const int rows = req.n * H;
@@ -360,15 +376,18 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     const int row0 = row_tile * Cfg::kM + row_in_tile0;
-    // S = Q K^T of tile i over 36 k16 steps (4 per 64-column atom), issued and committed as one
-    // wgmma group once the tile has landed. Descriptors advance by adding (byte offset >> 4) to
-    // the start-address field: every address stays below 256 KB, so the 14-bit field never carries.
-    float s[32];
-    auto issue_qk = [&](int i) {
+    for (int i = 0; i < num_tiles; ++i) {
+      const int t = t_begin + i;
+      const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
       fence_proxy_async();
+
+      // S = Q K^T over 36 k16 steps (4 per 64-column atom).
+      // Descriptors advance by adding (byte offset >> 4) to the start-address field: every
+      // address stays below 256 KB, so the 14-bit field never carries.
+      float s[32];
       const uint64_t desc_q = make_desc(sQ, 16, 1024);
-      const uint64_t desc_k = make_desc(sK + (i & 1) * Cfg::kBlockBytes, 16, 1024);
+      const uint64_t desc_k = make_desc(stage, 16, 1024);
       wgmma_fence_operand(s);
       wgmma_fence();
 #pragma unroll
@@ -377,20 +396,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
         wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
       }
       wgmma_commit();
-    };
-#ifdef KDTREE_HOPPER_PV_OVERLAP
-    issue_qk(0);
-    wgmma_wait<0>();
-    wgmma_fence_operand(s);
-#endif
-    for (int i = 0; i < num_tiles; ++i) {
-      const int t = t_begin + i;
-      const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-#ifndef KDTREE_HOPPER_PV_OVERLAP
-      issue_qk(i);
       wgmma_wait<0>();
       wgmma_fence_operand(s);
-#endif
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
@@ -437,26 +444,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
       wgmma_commit();
-#ifdef KDTREE_HOPPER_PV_OVERLAP
-      // Experiment h8: QK^T of tile i+1 queues behind this PV, so the tensor pipe does not drain
-      // between the two (perf-notes h8). PV's registers (o, pa) stay untouched until it is done.
-      if (i + 1 < num_tiles) {
-        issue_qk(i + 1);
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
-      wgmma_fence_operand(o);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_fence_operand(pa[kk]);
-      if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
-      wgmma_wait<0>();
-      wgmma_fence_operand(s);
-#else
       wgmma_wait<0>();
       wgmma_fence_operand(o);
       if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
-#endif
     }
     // Row statistics for the helper and for the split combine.
     float inv_l[2];

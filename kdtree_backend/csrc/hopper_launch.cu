@@ -11,7 +11,6 @@
 #include "hopper_kernel.cuh"
 #include "hopper_launch.h"
 #include "launch_plan.h"
-#include "pdl_launch.h"
 
 namespace kdtree {
 namespace hopper {
@@ -57,7 +56,8 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     return KDTREE_ERR_UNSUPPORTED;
   }
   dim3 grid(row_tiles, p.num_splits, p.batch);
-  e = launch_pdl(verify_attention_hopper_kernel, grid, dim3(HopperConfig::kThreads), HopperConfig::kSmemBytes, stream, p);
+  verify_attention_hopper_kernel<<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p);
+  e = cudaGetLastError();
   if (e != cudaSuccess) {
     snprintf(err, err_len, "launch of the Hopper verify kernel (grid %d x %d x %d) failed: %s", row_tiles,
              p.num_splits, p.batch, cudaGetErrorString(e));
@@ -65,7 +65,8 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   }
   if (p.num_splits > 1) {
     dim3 cgrid((row_tiles * HopperConfig::kM + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock, p.batch);
-    e = launch_pdl(combine_splits_kernel<HopperConfig>, cgrid, dim3(kCombineRowsPerBlock * 32), 0, stream, p, row_tiles);
+    combine_splits_kernel<HopperConfig><<<cgrid, kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
+    e = cudaGetLastError();
     if (e != cudaSuccess) {
       snprintf(err, err_len, "launch of the split-combine kernel (Hopper) failed: %s", cudaGetErrorString(e));
       return KDTREE_ERR_CUDA;

@@ -9,7 +9,6 @@
 #include "combine_kernel.cuh"
 #include "kdtree_api.h"
 #include "launch_plan.h"
-#include "pdl_launch.h"
 #include "verify_kernel.cuh"
 #ifdef KDTREE_WITH_HOPPER
 #include "hopper_launch.h"
@@ -72,7 +71,8 @@ struct Launcher {
     if (rc != KDTREE_OK) return fail(rc, "%s", err);
     if (row_tiles > 65535 * 64) return fail(KDTREE_ERR_UNSUPPORTED, "too many query rows per request");
     dim3 grid(row_tiles, p.num_splits, p.batch);
-    e = kdtree::launch_pdl(kdtree::verify_attention_kernel<Cfg>, grid, dim3(Cfg::kThreads), Cfg::kSmemBytes, stream, p);
+    kdtree::verify_attention_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p);
+    e = cudaGetLastError();
     if (e != cudaSuccess) {
       return fail(kdtree::status_of(e),
                   "launch of the verify kernel (grid %d x %d x %d) failed: %s", row_tiles, p.num_splits, p.batch,
@@ -80,8 +80,8 @@ struct Launcher {
     }
     if (p.num_splits > 1) {
       dim3 cgrid((row_tiles * Cfg::kM + kdtree::kCombineRowsPerBlock - 1) / kdtree::kCombineRowsPerBlock, p.batch);
-      e = kdtree::launch_pdl(kdtree::combine_splits_kernel<Cfg>, cgrid, dim3(kdtree::kCombineRowsPerBlock * 32), 0, stream,
-                             p, row_tiles);
+      kdtree::combine_splits_kernel<Cfg><<<cgrid, kdtree::kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
+      e = cudaGetLastError();
       if (e != cudaSuccess) {
         return fail(KDTREE_ERR_CUDA, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
       }

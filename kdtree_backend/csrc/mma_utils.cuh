@@ -88,61 +88,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
-// ---- mbarriers and the async proxy (sm_90+; both kernels are built for sm_90 / sm_120 only).
-// Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to wgmma (async proxy).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Arrives on `bar` when all of this thread's earlier cp.async have landed (count set at init).
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// One arrival on `bar` that also expects `bytes` more of bulk-copy data in the current phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-// Bulk copy (the copy engine, one instruction) of `bytes` (a multiple of 16; both addresses
-// 16-byte aligned) from global to shared memory; completes `bytes` on the mbarrier `bar`.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
-// Programmatic dependent launch (sm_90+; the host sets the launch attribute, launch_plan.h).
-// grid_dependency_wait: block until the kernels this one may overlap (the previous work on the
-// stream) have finished and their writes are visible; every kernel calls it before its first
-// global read or write. allow_dependents_launch: let the next kernel on the stream be scheduled
-// now; its CTAs wait in their own grid_dependency_wait, so this only hides launch latency (our
-// CTAs take a whole SM's registers, so a dependent CTA cannot displace one). Both are no-ops for
-// a kernel launched without the attribute. -DKDTREE_NO_PDL removes them (and the attribute).
-__device__ __forceinline__ void grid_dependency_wait() {
-#if !defined(KDTREE_NO_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_dependents_launch() {
-#if !defined(KDTREE_NO_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 // Barrier among `count` threads (a multiple of 32) using hardware barrier `id` (1..15; 0 is
 // __syncthreads). Lets the warps that share a row group meet without stopping the others.
 __device__ __forceinline__ void named_barrier(int id, int count) {

@@ -49,12 +49,7 @@ struct VerifyConfig {
   static constexpr int kSlotRingOff = kStageBytes + kExchangeBytes;
   static constexpr int kSlotRingBytes = 2 * BN * 8;
   static constexpr int kKv0Off = kSlotRingOff + kSlotRingBytes;  // int64: the request's first kv_indices entry
-#ifdef KDTREE_PORTABLE_BULK
-  static constexpr int kBarOff = kKv0Off + 16;  // uint64[ST]: K tile landed (mbarrier), experiment p9
-  static constexpr int kSmemBytes = kBarOff + ST * 8;
-#else
   static constexpr int kSmemBytes = kKv0Off + 16;
-#endif
 
   static_assert(kQkSlice % 16 == 0, "each warp's QK depth slice must be whole mma k-steps");
   static_assert(kVSlice % 16 == 0, "each warp's output slice must be whole ldmatrix.x4 pairs");
@@ -231,17 +226,14 @@ struct TileContext {
 };
 
 // Everything a warp does with one key tile once it sits in shared memory.
-// `after_qk` runs between QK^T and the score exchange (the second half of the next tile's copies
-// when KDTREE_PORTABLE_SPLIT_ISSUE is set; nothing otherwise).
-template <class Cfg, int kH, class AfterQk>
+template <class Cfg, int kH>
 __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_base, int g,
                                              int lane, const LaneOffsets& lo, const TileContext& tc,
-                                             const KdtreeVerifyParams& p, AfterQk&& after_qk) {
+                                             const KdtreeVerifyParams& p) {
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr int NT = Cfg::kNTiles;
   float s[NT][4];
   qk_partial<Cfg, kH>(s, st, tile_base, lo);
-  after_qk();
 
   if constexpr (Cfg::kCS > 1) {
     // Sum the depth slices of this row group. Every warp of the group adds the partials in the
@@ -428,8 +420,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int g = warp % Cfg::kRG;
   const int h = warp / Cfg::kRG;
 
-  grid_dependency_wait();  // the previous kernel on the stream is done (programmatic dependent launch)
-  allow_dependents_launch();
   const RequestView req = load_request(p, b);
   const int H = p.num_heads;
   const int rows = req.n * H;
@@ -484,13 +474,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
       cp_async_16(stage_base + row_offset(row, c), src + c * 8, valid);
     }
     if (tid == 0) *reinterpret_cast<int64_t*>(g_smem + Cfg::kKv0Off) = req.kv0;
-#ifdef KDTREE_PORTABLE_BULK
-    if (tid == 0) {
-      mbar_init(stage_base + Cfg::kBarOff, Cfg::kWarps);  // one arrival per warp and tile
-      mbar_init(stage_base + Cfg::kBarOff + 8, Cfg::kWarps);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-#endif
     __syncthreads();
     stage_slot(t_begin);
     stage_slot(t_begin + 1);
@@ -515,8 +498,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   __syncthreads();  // the staging area now becomes the K pipeline
 
   // Slot ids are range-checked when used: an id outside the cache reads as a zero row.
-  // Copies chunks [u0, u1) of this thread's share of the tile's row.
-  auto issue_tile = [&](int tile, int u0, int u1) {
+  auto issue_tile = [&](int tile) {
     const uint32_t dst_base = stage_base + ((tile - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
     const __nv_bfloat16* src;
     bool valid;
@@ -531,7 +513,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
       src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
     }
 #pragma unroll
-    for (int u = u0; u < u1; ++u) {
+    for (int u = 0; u < kChunksPerThread; ++u) {
       const int c = my_chunk0 + kTprK * u;
       if (kRowChunks % kTprK == 0 || c < kRowChunks) {
         cp_async_16(dst_base + row_offset(my_key, c), src + c * 8, valid);
@@ -539,51 +521,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
     }
   };
 
-#ifdef KDTREE_PORTABLE_BULK
-  // Experiment p9: every warp copies kBN / kWarps whole key rows of a tile, one bulk copy
-  // (1,152 contiguous bytes into the padded row) per row by lanes 0..3, completing on the stage's
-  // mbarrier: 32 copy-engine instructions per tile, spread over all warps and issued right after
-  // the tile barrier (p8 put them all on one warp). Rows that must read as zeros (past the
-  // prefix, past n, invalid slot) are written with plain stores by their lane.
-  constexpr int kRowsPerWarp = Cfg::kBN / Cfg::kWarps;
-  static_assert(Cfg::kBN % Cfg::kWarps == 0 && kRowsPerWarp <= 32, "whole key rows per warp");
-  auto stage_bar = [&](int tile) { return stage_base + Cfg::kBarOff + ((tile - t_begin) & 1) * 8; };
-  auto issue_tile_bulk = [&](int tile) {
-    const bool mine = lane < kRowsPerWarp;
-    const int key = warp * kRowsPerWarp + (mine ? lane : 0);
-    const uint32_t dst = stage_base + ((tile - t_begin) & 1) * Cfg::kTileBytes + row_offset(key, 0);
-    const __nv_bfloat16* src;
-    bool valid;
-    if (tile < w.prefix_tiles) {
-      const int j = tile * Cfg::kBN + key;
-      const int64_t slot =
-          ld_shared_s64(stage_base + Cfg::kSlotRingOff + (((tile - t_begin) & 1) * Cfg::kBN + key) * 8);
-      valid = j < req.prefix && slot >= 0 && slot < p.kv_num_slots;
-      src = kv + (valid ? slot : 0) * p.kv_stride_slot;
-    } else {
-      const int c = (tile - w.prefix_tiles) * Cfg::kBN + key;
-      valid = c < req.n;
-      src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
-    }
-    valid = valid && mine;
-    const uint32_t bar = stage_bar(tile);
-    const unsigned valid_rows = __popc(__ballot_sync(0xffffffffu, valid));
-    if (mine) fence_proxy_async();  // this buffer's earlier generic reads (ldmatrix) come first
-    if (lane == 0) mbar_arrive_expect_tx(bar, valid_rows * kRowBytes);
-    __syncwarp();
-    if (valid) {
-      bulk_copy_g2s(dst, src, kRowBytes, bar);
-    } else if (mine) {
-#pragma unroll 4
-      for (int c = 0; c < kRowChunks; ++c) {
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst + c * 16), "r"(0) : "memory");
-      }
-    }
-  };
-  issue_tile_bulk(t_begin);  // its slot ids landed with Q
-#else
-  issue_tile(t_begin, 0, kChunksPerThread);  // its slot ids landed with Q
-#endif
+  issue_tile(t_begin);  // its slot ids landed with Q
   cp_async_commit();
 
   const LaneOffsets lo = make_lane_offsets(lane);
@@ -593,45 +531,24 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   tc.row0 = row_tile * Cfg::kM + g * 16 + (lane >> 2);
 
   for (int t = t_begin; t < t_end; ++t) {
-#ifdef KDTREE_PORTABLE_BULK
-    mbar_wait(stage_bar(t), ((t - t_begin) >> 1) & 1);  // tile t's bulk copies landed
-#endif
     cp_async_wait<Cfg::kStages - 2>();
     __syncthreads();  // tile t landed for everyone; everyone is done with tile t-1's buffer
     // Tile t+1's slot ids landed with tile t (the wait above); tile t+2's go into the ring entry
     // tile t's used, which everyone has passed (the barrier above).
-#ifdef KDTREE_PORTABLE_SPLIT_ISSUE
-    // Experiment p10: half of tile t+1's copies now, half after this tile's QK^T, so the LSU
-    // queue is not flooded with 2,304 copies at once (perf-notes p10).
-    constexpr int kFirstHalf = kChunksPerThread / 2;
-    if (t + 1 < t_end) issue_tile(t + 1, 0, kFirstHalf);
-    auto after_qk = [&]() {
-      if (t + 1 < t_end) issue_tile(t + 1, kFirstHalf, kChunksPerThread);
-      stage_slot(t + 2);
-      cp_async_commit();
-    };
-#elif defined(KDTREE_PORTABLE_BULK)
-    if (t + 1 < t_end) issue_tile_bulk(t + 1);
+    if (t + 1 < t_end) issue_tile(t + 1);
     stage_slot(t + 2);
     cp_async_commit();
-    auto after_qk = []() {};
-#else
-    if (t + 1 < t_end) issue_tile(t + 1, 0, kChunksPerThread);
-    stage_slot(t + 2);
-    cp_async_commit();
-    auto after_qk = []() {};
-#endif
 
     tc.is_prefix = t < w.prefix_tiles;
     tc.key_base = tc.is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
     const uint32_t tile_base = stage_base + ((t - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
     if (h == 0) {
-      process_tile<Cfg, 0>(st, tile_base, g, lane, lo, tc, p, after_qk);
+      process_tile<Cfg, 0>(st, tile_base, g, lane, lo, tc, p);
     } else if constexpr (Cfg::kCS > 1) {
-      if (h == 1) process_tile<Cfg, 1>(st, tile_base, g, lane, lo, tc, p, after_qk);
+      if (h == 1) process_tile<Cfg, 1>(st, tile_base, g, lane, lo, tc, p);
       if constexpr (Cfg::kCS > 2) {
-        if (h == 2) process_tile<Cfg, 2>(st, tile_base, g, lane, lo, tc, p, after_qk);
-        if (h == 3) process_tile<Cfg, 3>(st, tile_base, g, lane, lo, tc, p, after_qk);
+        if (h == 2) process_tile<Cfg, 2>(st, tile_base, g, lane, lo, tc, p);
+        if (h == 3) process_tile<Cfg, 3>(st, tile_base, g, lane, lo, tc, p);
       }
     }
   }
