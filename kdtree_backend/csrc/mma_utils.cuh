@@ -88,6 +88,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
+// Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to the async proxy (wgmma
+// reads, bulk copies). sm_90+, as are the bulk copies below (both kernels build for sm_90/sm_120).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Bulk copy (the copy engine, one instruction) of `bytes` (a multiple of 16; both addresses 16-byte
+// aligned) from shared to global memory, in this thread's bulk group. The source must stay
+// unchanged until bulk_wait_read() returns; the global writes complete on their own.
+__device__ __forceinline__ void bulk_store_s2g(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
 // Barrier among `count` threads (a multiple of 32) using hardware barrier `id` (1..15; 0 is
 // __syncthreads). Lets the warps that share a row group meet without stopping the others.
 __device__ __forceinline__ void named_barrier(int id, int count) {

@@ -276,6 +276,27 @@ def test_layouts_and_out_none(ops):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("where", ["ptr", "stride"])
+def test_out_rows_on_8_byte_boundaries_only(ops, where):
+    """The kernels hand 16-byte aligned output rows to the copy engine from shared memory; an `out`
+    whose rows start on 8- but not 16-byte boundaries (a pointer 8 bytes in, or a row stride of
+    4 mod 8 elements) takes the register store path instead, and what lies around the view stays."""
+    batch = make_verify_batch([40, 300, 7], num_heads=8, draft_lens=9, mask="tree", seed=31, device=DEV)
+    T, W = batch.num_rows, batch.num_heads * 512
+    if where == "ptr":
+        big = torch.full((T, W + 8), 7.0, dtype=torch.bfloat16, device=DEV)
+        out, lo, hi = big[:, 4:4 + W], 4, 4
+    else:
+        big = torch.full((T, W + 4), 7.0, dtype=torch.bfloat16, device=DEV)
+        out, lo, hi = big[:, :W], 0, 4
+    out.fill_(float("nan"))
+    rows_16b = (out.data_ptr() % 16 == 0) and (out.stride(0) % 8 == 0)
+    assert not rows_16b and out.data_ptr() % 8 == 0 and out.stride(0) % 4 == 0
+    _run(ops, batch, out=out)
+    _check_against_reference(batch, out)
+    assert bool((big[:, :lo] == 7).all()) and bool((big[:, big.shape[1] - hi:] == 7).all()), "bytes beside `out` changed"
+
+
 def test_prefix_mask_columns_never_read(ops):
     """All-zero prefix columns (a kernel reading them would mask the whole prefix) and all-ones
     give the same output as the garbage the generator writes."""
