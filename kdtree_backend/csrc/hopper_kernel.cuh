@@ -246,35 +246,28 @@ __device__ __forceinline__ void store_half(const float (&o)[128], const float (&
   }
 }
 
-// The same output through shared memory (h9): the warpgroup writes its normalised 64 x 256 half
-// of O into the free K stages (rows padded by 16 B: conflict-free), then one thread per row hands
-// the row to the copy engine (cp.async.bulk, 512 B bf16 or 1 KB fp32). The register path above
-// issues 64 four- or eight-byte stores per thread, each writing 8 half-used sectors; profiled at
-// L = 1k they held ~18% of the kernel's warp time (LSU throttle, then the drain at exit).
-// Requires the K stages to be idle (after kBarFinal) and, on the direct path, 16-byte aligned rows.
+// The same output through shared memory (h9), for the direct (bf16) path: the warpgroup writes its
+// normalised 64 x 256 half of O into the idle K stages (rows padded by 16 B: conflict-free), then
+// one thread per row hands its 512 bytes to the copy engine (cp.async.bulk). The register path
+// above issues 64 four-byte stores per thread, each writing 8 half-used sectors; at L = 1k they
+// held ~18% of the kernel's warp time (LSU throttle, then the drain at exit). Measured: one-wave
+// shapes 9-22% faster. The fp32 partials keep the register path: their 8-byte stores fill whole
+// sectors, and staging them measured 4-11% slower (perf-notes h9).
+// Requires the K stages to be idle (after kBarFinal) and 16-byte aligned output rows.
 __device__ __forceinline__ void store_half_staged(const float (&o)[128], const float (&inv_l)[2],
-                                                  const KdtreeVerifyParams& p, const RequestView& req, int b,
-                                                  int split, int row_tile, int num_row_tiles, int row_in_tile0,
-                                                  int col_half, int lane, int thread_in_wg, bool direct,
+                                                  const KdtreeVerifyParams& p, const RequestView& req, int row_tile,
+                                                  int row_in_tile0, int col_half, int lane, int thread_in_wg,
                                                   uint32_t stage_smem, uint8_t* stage_ptr) {
+  constexpr int kPitch = 256 * 2 + 16;
   const int col_lane = 2 * (lane & 3);
-  const int pitch = direct ? 256 * 2 + 16 : 256 * 4 + 16;
-  uint8_t* base = stage_ptr + col_half * 64 * pitch;
+  uint8_t* base = stage_ptr + col_half * HopperConfig::kM * kPitch;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    uint8_t* row = base + (row_in_tile0 + 8 * rr) * pitch;
-    if (direct) {
+    uint8_t* row = base + (row_in_tile0 + 8 * rr) * kPitch;
 #pragma unroll
-      for (int nb = 0; nb < 32; ++nb) {
-        *reinterpret_cast<uint32_t*>(row + (nb * 8 + col_lane) * 2) =
-            pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
-      }
-    } else {
-#pragma unroll
-      for (int nb = 0; nb < 32; ++nb) {
-        *reinterpret_cast<float2*>(row + (nb * 8 + col_lane) * 4) =
-            make_float2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
-      }
+    for (int nb = 0; nb < 32; ++nb) {
+      *reinterpret_cast<uint32_t*>(row + (nb * 8 + col_lane) * 2) =
+          pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
     }
   }
   fence_proxy_async();  // the rows, written by the generic proxy, are read by the copy engine
@@ -282,17 +275,11 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
   const int j = thread_in_wg;
   const int r = row_tile * HopperConfig::kM + j;
   if (j < HopperConfig::kM && r < req.n * p.num_heads) {
-    const uint32_t src = stage_smem + col_half * 64 * pitch + j * pitch;
-    if (direct) {
-      const int H = p.num_heads;
-      const int tok = r / H, head = r - (r / H) * H;
-      __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
-                           static_cast<int64_t>(head) * kVDim + col_half * 256;
-      bulk_store_s2g(dst, src, 512);
-    } else {
-      const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + r;
-      bulk_store_s2g(reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col_half * 256, src, 1024);
-    }
+    const int H = p.num_heads;
+    const int tok = r / H, head = r - (r / H) * H;
+    __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
+                         static_cast<int64_t>(head) * kVDim + col_half * 256;
+    bulk_store_s2g(dst, stage_smem + col_half * HopperConfig::kM * kPitch + j * kPitch, 512);
     bulk_commit();
     bulk_wait_read();  // the shared memory must outlive the copy's reads (the CTA exits next)
   }
@@ -417,12 +404,12 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   float o[128];
   const bool direct = w.active == 1;
   const int num_row_tiles = gridDim.x;
-  // Bulk copies need 16-byte aligned rows: always true of the workspace (kdtree_verify_run checks
-  // it) and of a torch-allocated output; an 8-byte aligned `out` view takes the register path.
+  // The direct output goes through shared memory and bulk copies when its rows are 16-byte aligned
+  // (always, for a torch-allocated tensor; an 8-byte aligned `out` view takes the register path).
 #ifdef KDTREE_REGISTER_EPILOGUE
   const bool staged_store = false;
 #else
-  const bool staged_store = !direct || ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0);
+  const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
 #endif
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
 
@@ -521,8 +508,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     }
     named_barrier(kBarFinal, 256);  // also: both warpgroups are done with the K stages
     if (staged_store) {
-      store_half_staged(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, tid & 127, direct,
-                        sK, g_hopper_smem + Cfg::kKOff);
+      store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
     } else {
       store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, direct);
     }
@@ -569,8 +555,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     named_barrier(kBarFinal, 256);
     const float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
     if (staged_store) {
-      store_half_staged(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, tid & 127, direct,
-                        sK, g_hopper_smem + Cfg::kKOff);
+      store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
     } else {
       store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, direct);
     }

@@ -409,47 +409,26 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
   }
 }
 
-// The output through shared memory (p11), as the Hopper kernel does it (h9): every warp writes its
-// normalised 16 x 256 block into the idle K stages (rows padded by 16 B), then one thread per row
-// hands the whole 512-column row to the copy engine. bf16 rows (direct) take 64 x 1,040 B in one
-// pass; fp32 partial rows (splits) 2,064 B, so 32 rows per pass (row groups 2*pass, 2*pass + 1).
-// stage_results writes this warp's rows of `pass` (and returns the full row sums in l_out); the
-// kernel brackets it with the barriers and the copies.
-template <class Cfg>
-struct StagedOut {
-  static constexpr int kPitchBf16 = kVDim * 2 + 16;
-  static constexpr int kPitchF32 = kVDim * 4 + 16;
-  static constexpr int kRowsF32 = 32;  // rows per fp32 pass
-  static_assert(Cfg::kM * kPitchBf16 <= Cfg::kStageBytes && kRowsF32 * kPitchF32 <= Cfg::kStageBytes,
-                "a pass of staged output rows must fit the K stages");
-  static_assert(Cfg::kM % kRowsF32 == 0 && kRowsF32 % 16 == 0, "fp32 passes are whole row groups");
-};
+// The direct (bf16) output through shared memory (p11), as the Hopper kernel does it (h9): every
+// warp writes its normalised 16 x 256 block into the idle K stages (rows of 512 bf16 padded by
+// 16 B: conflict-free), then one thread per row hands the 1 KB row to the copy engine. The fp32
+// split partials keep store_results (staging them measured slower, perf-notes h9).
+constexpr int kStagedOutPitch = kVDim * 2 + 16;
 
 template <class Cfg, int kH>
-__device__ __forceinline__ void stage_results(const WarpState<Cfg>& st, int g, int lane, bool direct, int pass,
-                                               float (&l_out)[2]) {
-  using S = StagedOut<Cfg>;
+__device__ __forceinline__ void stage_results(const WarpState<Cfg>& st, int g, int lane) {
+  static_assert(Cfg::kM * kStagedOutPitch <= Cfg::kStageBytes, "the staged output rows must fit the K stages");
   const int col0 = kH * Cfg::kVSlice + 2 * (lane & 3);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     float l = st.l[rr];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    l_out[rr] = l;
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int row_local = g * 16 + (lane >> 2) + rr * 8;
-    if (direct) {
-      uint8_t* row = g_smem + row_local * S::kPitchBf16;
+    uint8_t* row = g_smem + (g * 16 + (lane >> 2) + rr * 8) * kStagedOutPitch;
 #pragma unroll
-      for (int f = 0; f < Cfg::kVTiles; ++f) {
-        *reinterpret_cast<uint32_t*>(row + (col0 + f * 8) * 2) = pack_bf16x2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
-      }
-    } else if (row_local / S::kRowsF32 == pass) {
-      uint8_t* row = g_smem + (row_local % S::kRowsF32) * S::kPitchF32;
-#pragma unroll
-      for (int f = 0; f < Cfg::kVTiles; ++f) {
-        *reinterpret_cast<float2*>(row + (col0 + f * 8) * 4) = make_float2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
-      }
+    for (int f = 0; f < Cfg::kVTiles; ++f) {
+      *reinterpret_cast<uint32_t*>(row + (col0 + f * 8) * 2) = pack_bf16x2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
     }
   }
 }
@@ -606,53 +585,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
 #else
   constexpr bool kStaged = true;
 #endif
-  // Bulk copies need 16-byte aligned rows: always true of the workspace (kdtree_verify_run checks
-  // it) and of a torch-allocated output; an 8-byte aligned `out` view takes the register path.
-  if (kStaged && (!direct || ((reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0))) {
-    using S = StagedOut<Cfg>;
-    const int passes = direct ? 1 : Cfg::kM / S::kRowsF32;
-    const int rows_per_pass = direct ? Cfg::kM : S::kRowsF32;
-    float l_row[2];
-    for (int pass = 0; pass < passes; ++pass) {
-      __syncthreads();  // pass 0: every warp is done with the K tiles; later: the previous pass was read
-      if (h == 0) {
-        stage_results<Cfg, 0>(st, g, lane, direct, pass, l_row);
-      } else if constexpr (Cfg::kCS > 1) {
-        if (h == 1) stage_results<Cfg, 1>(st, g, lane, direct, pass, l_row);
-        if constexpr (Cfg::kCS > 2) {
-          if (h == 2) stage_results<Cfg, 2>(st, g, lane, direct, pass, l_row);
-          if (h == 3) stage_results<Cfg, 3>(st, g, lane, direct, pass, l_row);
-        }
-      }
-      fence_proxy_async();  // rows written by the generic proxy, read by the copy engine
-      __syncthreads();
-      const int r = row_tile * Cfg::kM + pass * rows_per_pass + tid;
-      if (tid < rows_per_pass && r < rows) {
-        if (direct) {
-          const int tok = r / H, head = r - (r / H) * H;
-          __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
-                               static_cast<int64_t>(head) * kVDim;
-          bulk_store_s2g(dst, stage_base + tid * S::kPitchBf16, kVDim * 2);
-        } else {
-          const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * Cfg::kM) + r;
-          bulk_store_s2g(reinterpret_cast<float*>(p.workspace) + ws_row * kVDim, stage_base + tid * S::kPitchF32,
-                         kVDim * 4);
-        }
-        bulk_commit();
-        bulk_wait_read();  // before the next pass (or the CTA's exit) reuses the rows
+  // Bulk copies need 16-byte aligned rows: true of a torch-allocated output; an 8-byte aligned
+  // `out` view takes the register path.
+  if (kStaged && direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0) {
+    __syncthreads();  // every warp is done with the K tiles
+    if (h == 0) {
+      stage_results<Cfg, 0>(st, g, lane);
+    } else if constexpr (Cfg::kCS > 1) {
+      if (h == 1) stage_results<Cfg, 1>(st, g, lane);
+      if constexpr (Cfg::kCS > 2) {
+        if (h == 2) stage_results<Cfg, 2>(st, g, lane);
+        if (h == 3) stage_results<Cfg, 3>(st, g, lane);
       }
     }
-    if (!direct && h == 0 && (lane & 3) == 0) {  // the rows' log2-sum-exp for the combine
-      const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * Cfg::kM * kVDim;
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const int r = row_tile * Cfg::kM + g * 16 + (lane >> 2) + rr * 8;
-        if (r < rows) {
-          const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * Cfg::kM) + r;
-          reinterpret_cast<float*>(p.workspace)[lse_base + ws_row] =
-              l_row[rr] > 0.f ? st.m[rr] + log2f(l_row[rr]) : -CUDART_INF_F;
-        }
-      }
+    fence_proxy_async();  // rows written by the generic proxy, read by the copy engine
+    __syncthreads();
+    const int r = row_tile * Cfg::kM + tid;
+    if (tid < Cfg::kM && r < rows) {
+      const int tok = r / H, head = r - (r / H) * H;
+      __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
+                           static_cast<int64_t>(head) * kVDim;
+      bulk_store_s2g(dst, stage_base + tid * kStagedOutPitch, kVDim * 2);
+      bulk_commit();
+      bulk_wait_read();  // the shared memory must outlive the copy's reads (the CTA exits next)
     }
     return;
   }
