@@ -142,12 +142,7 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
     }
     return;
   }
-  const uint8_t* mask = nullptr;
-  if (p.custom_mask != nullptr) {
-    mask = reinterpret_cast<const uint8_t*>(p.custom_mask) +
-           __ldg(reinterpret_cast<const int64_t*>(p.mask_indptr) + blockIdx.z);
-  }
-  const int mask_row_stride = prefix + n;
+  const uint8_t* mask = request_mask(p, blockIdx.z);
   const int heads = p.num_heads;
   const float scale = p.sm_scale * kLog2e;
 #pragma unroll
@@ -155,22 +150,13 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
     const int r = row0 + rr * 8;
     const bool row_valid = r < n * heads;
     const int query = row_valid ? r / heads : 0;
+    const uint8_t* mask_row = draft_mask_row(mask, prefix, n, query);
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
       for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
         const int key = key_base + nb * 8 + col_lane + (e & 1);
-        bool visible;
-        if (!row_valid) {
-          visible = key == 0;  // rows past the request: keep them finite, never stored
-        } else if (key >= n) {
-          visible = false;
-        } else if (mask != nullptr) {
-          visible = mask[static_cast<int64_t>(query) * mask_row_stride + prefix + key] != 0;
-        } else {
-          visible = key <= query;
-        }
-        s[nb * 4 + e] = visible ? s[nb * 4 + e] * scale : -CUDART_INF_F;
+        s[nb * 4 + e] = draft_key_visible(mask_row, n, row_valid, query, key) ? s[nb * 4 + e] * scale : -CUDART_INF_F;
       }
   }
 }
@@ -295,15 +281,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   const int wg = tid >> 7;           // 0: math, 1: helper
   const int warp_in_wg = (tid >> 5) & 3;
 
-  const RequestView req = load_request(p, b);
-  const int H = p.num_heads;
-  const int rows = req.n * H;
-  if (row_tile * Cfg::kM >= rows) return;
-  const SplitWork w = split_work(req.prefix, req.n, p.num_splits,
-                                 min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
-  const int t_begin = split * w.tiles_per_split;
-  if (t_begin >= w.key_tiles) return;
-  const int t_end = min(w.key_tiles, t_begin + w.tiles_per_split);
+  CtaWork cw;
+  if (!cta_work<Cfg::kM, Cfg::kBN>(p, b, row_tile, split, cw)) return;
+  const RequestView& req = cw.req;
+  const SplitWork& w = cw.w;
+  const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
   const int num_tiles = t_end - t_begin;
 
   const uint32_t smem = smem_addr(g_hopper_smem);
@@ -331,11 +313,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
   auto load_q = [&]() {
     const int row = tid >> 2;
-    const int r = row_tile * Cfg::kM + row;
-    const bool valid = r < rows;
-    const int tok = valid ? r / H : 0;
-    const int head = valid ? r - tok * H : 0;
-    const __nv_bfloat16* src = q + (req.q0 + tok) * p.q_stride_tok + static_cast<int64_t>(head) * p.q_stride_head;
+    bool valid;
+    const __nv_bfloat16* src = q_row_src(p, req, row_tile * Cfg::kM + row, rows, valid);
 #pragma unroll
     for (int u = 0; u < kRowChunks / 4; ++u) {
       const int c = (tid & 3) + 4 * u;

@@ -127,6 +127,69 @@ __host__ __device__ __forceinline__ int min_tiles_per_split(int min_keys, int bn
   return t < 1 ? 1 : t;
 }
 
+
+// What one CTA (a row tile x one KV split of one request) works on. Both kernels start here: the
+// grid is sized for the longest request and the most splits, and each CTA reads its real work
+// on the device (CUDA-graph replays change the lengths). False: nothing to do, exit.
+struct CtaWork {
+  RequestView req;
+  int rows;     // the request's query rows (n x H)
+  SplitWork w;
+  int t_begin;  // this split's key tiles: [t_begin, t_end)
+  int t_end;
+};
+
+template <int kM, int kBN>
+__device__ __forceinline__ bool cta_work(const KdtreeVerifyParams& p, int b, int row_tile, int split, CtaWork& cw) {
+  cw.req = load_request(p, b);
+  cw.rows = cw.req.n * p.num_heads;
+  if (row_tile * kM >= cw.rows) return false;
+  // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
+  // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
+  if (p.custom_mask != nullptr && static_cast<int64_t>(cw.req.n) * (cw.req.prefix + cw.req.n) > 0x7fffffffLL) __trap();
+  cw.w = split_work(cw.req.prefix, cw.req.n, p.num_splits, min_tiles_per_split(p.min_keys_per_split, kBN), kBN);
+  cw.t_begin = split * cw.w.tiles_per_split;
+  if (cw.t_begin >= cw.w.key_tiles) return false;
+  cw.t_end = min(cw.w.key_tiles, cw.t_begin + cw.w.tiles_per_split);
+  return true;
+}
+
+// Query row r of the request is (token r / H, head r % H). Rows past the request read row 0 and
+// are copied as zeros (valid = false), so no garbage enters a matmul.
+__device__ __forceinline__ const __nv_bfloat16* q_row_src(const KdtreeVerifyParams& p, const RequestView& req, int r,
+                                                          int rows, bool& valid) {
+  valid = r < rows;
+  const int H = p.num_heads;
+  const int tok = valid ? r / H : 0;
+  const int head = valid ? r - tok * H : 0;
+  return reinterpret_cast<const __nv_bfloat16*>(p.q) + (req.q0 + tok) * p.q_stride_tok +
+         static_cast<int64_t>(head) * p.q_stride_head;
+}
+
+// The request's FULL_MASK block (row stride prefix + n; its prefix columns are never read), or
+// null when the draft block is causal.
+__device__ __forceinline__ const uint8_t* request_mask(const KdtreeVerifyParams& p, int b) {
+  if (p.custom_mask == nullptr) return nullptr;
+  return reinterpret_cast<const uint8_t*>(p.custom_mask) + __ldg(reinterpret_cast<const int64_t*>(p.mask_indptr) + b);
+}
+
+// The mask row of draft token `query` from its draft columns on (null when causal). The offset
+// is 32-bit: the request's mask block (n x (prefix + n) bytes) stays below 2 GiB (cta_work stops
+// the kernel otherwise: a prefix over 33M tokens at n = 64); 64-bit math here costs the portable
+// kernel 20 B of spills on sm_120.
+__device__ __forceinline__ const uint8_t* draft_mask_row(const uint8_t* mask, int prefix, int n, int query) {
+  return mask == nullptr ? nullptr : mask + (query * (prefix + n) + prefix);
+}
+
+// May draft token `query` see draft key `key` (0-based within the draft block)? Rows past the
+// request (row_valid false) see key 0 only: finite and never stored.
+__device__ __forceinline__ bool draft_key_visible(const uint8_t* mask_row, int n, bool row_valid, int query, int key) {
+  if (!row_valid) return key == 0;
+  if (key >= n) return false;
+  if (mask_row != nullptr) return mask_row[key] != 0;
+  return key <= query;
+}
+
 // Per-warp state carried across key tiles.
 template <class Cfg>
 struct WarpState {
@@ -275,35 +338,21 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
         s[f][e] = key < tc.prefix ? s[f][e] * (p.sm_scale * p.k_scale * kLog2e) : -CUDART_INF_F;
       }
   } else {
-    // Draft tiles are at most ceil(64/16) per request: fetch the mask block start here.
-    const uint8_t* mask = nullptr;
-    if (p.custom_mask != nullptr) {
-      mask = reinterpret_cast<const uint8_t*>(p.custom_mask) +
-             __ldg(reinterpret_cast<const int64_t*>(p.mask_indptr) + blockIdx.z);
-    }
-    const int mask_row_stride = tc.prefix + tc.n;
+    // Draft tiles are a few per request: fetch the mask block start here.
+    const uint8_t* mask = request_mask(p, blockIdx.z);
     const int heads = p.num_heads;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int r = tc.row0 + rr * 8;
       const bool row_valid = r < tc.n * heads;
       const int query = row_valid ? r / heads : 0;
+      const uint8_t* mask_row = draft_mask_row(mask, tc.prefix, tc.n, query);
 #pragma unroll
       for (int f = 0; f < NT; ++f)
 #pragma unroll
         for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
           const int key = tc.key_base + f * 8 + col_lane + (e & 1);
-          bool visible;
-          if (!row_valid) {
-            visible = key == 0;  // rows past the request: keep them finite, never stored
-          } else if (key >= tc.n) {
-            visible = false;
-          } else if (mask != nullptr) {
-            visible = mask[query * mask_row_stride + tc.prefix + key] != 0;
-          } else {
-            visible = key <= query;
-          }
-          s[f][e] = visible ? s[f][e] * (p.sm_scale * kLog2e) : -CUDART_INF_F;
+          s[f][e] = draft_key_visible(mask_row, tc.n, row_valid, query, key) ? s[f][e] * (p.sm_scale * kLog2e) : -CUDART_INF_F;
         }
     }
   }
@@ -444,15 +493,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int g = warp % Cfg::kRG;
   const int h = warp / Cfg::kRG;
 
-  const RequestView req = load_request(p, b);
-  const int H = p.num_heads;
-  const int rows = req.n * H;
-  if (row_tile * Cfg::kM >= rows) return;
-  const SplitWork w = split_work(req.prefix, req.n, p.num_splits,
-                                 min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
-  const int t_begin = split * w.tiles_per_split;
-  if (t_begin >= w.key_tiles) return;
-  const int t_end = min(w.key_tiles, t_begin + w.tiles_per_split);
+  CtaWork cw;
+  if (!cta_work<Cfg::kM, Cfg::kBN>(p, b, row_tile, split, cw)) return;
+  const RequestView& req = cw.req;
+  const SplitWork& w = cw.w;
+  const int H = p.num_heads, rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
 
   const uint32_t stage_base = smem_addr(g_smem);
   const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(p.q);
@@ -487,11 +532,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   {
     constexpr int kTpr = Cfg::kThreads / Cfg::kM;
     const int row = tid / kTpr;
-    const int r = row_tile * Cfg::kM + row;
-    const bool valid = r < rows;
-    const int tok = valid ? r / H : 0;
-    const int head = valid ? r - tok * H : 0;
-    const __nv_bfloat16* src = q + (req.q0 + tok) * p.q_stride_tok + static_cast<int64_t>(head) * p.q_stride_head;
+    bool valid;
+    const __nv_bfloat16* src = q_row_src(p, req, row_tile * Cfg::kM + row, rows, valid);
 #pragma unroll
     for (int u = 0; u < kRowChunks / kTpr; ++u) {
       const int c = tid % kTpr + kTpr * u;
