@@ -622,10 +622,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
 
   const bool direct = w.active == 1;
   const int num_row_tiles = gridDim.x;
-#ifdef KDTREE_REGISTER_EPILOGUE
-  constexpr bool kStaged = false;
-#else
+#ifdef KDTREE_PORTABLE_STAGED_OUT
   constexpr bool kStaged = true;
+#else
+  constexpr bool kStaged = false;
 #endif
   // Bulk copies need 16-byte aligned rows: true of a torch-allocated output; an 8-byte aligned
   // `out` view takes the register path.
