@@ -458,30 +458,6 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
   }
 }
 
-// The direct (bf16) output through shared memory (p11), as the Hopper kernel does it (h9): every
-// warp writes its normalised 16 x 256 block into the idle K stages (rows of 512 bf16 padded by
-// 16 B: conflict-free), then one thread per row hands the 1 KB row to the copy engine. The fp32
-// split partials keep store_results (staging them measured slower, perf-notes h9).
-constexpr int kStagedOutPitch = kVDim * 2 + 16;
-
-template <class Cfg, int kH>
-__device__ __forceinline__ void stage_results(const WarpState<Cfg>& st, int g, int lane) {
-  static_assert(Cfg::kM * kStagedOutPitch <= Cfg::kStageBytes, "the staged output rows must fit the K stages");
-  const int col0 = kH * Cfg::kVSlice + 2 * (lane & 3);
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float l = st.l[rr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    uint8_t* row = g_smem + (g * 16 + (lane >> 2) + rr * 8) * kStagedOutPitch;
-#pragma unroll
-    for (int f = 0; f < Cfg::kVTiles; ++f) {
-      *reinterpret_cast<uint32_t*>(row + (col0 + f * 8) * 2) = pack_bf16x2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
-    }
-  }
-}
-
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(const KdtreeVerifyParams p) {
   const int row_tile = blockIdx.x;
@@ -622,37 +598,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
 
   const bool direct = w.active == 1;
   const int num_row_tiles = gridDim.x;
-#ifdef KDTREE_PORTABLE_STAGED_OUT
-  constexpr bool kStaged = true;
-#else
-  constexpr bool kStaged = false;
-#endif
-  // Bulk copies need 16-byte aligned rows: true of a torch-allocated output; an 8-byte aligned
-  // `out` view takes the register path.
-  if (kStaged && direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0) {
-    __syncthreads();  // every warp is done with the K tiles
-    if (h == 0) {
-      stage_results<Cfg, 0>(st, g, lane);
-    } else if constexpr (Cfg::kCS > 1) {
-      if (h == 1) stage_results<Cfg, 1>(st, g, lane);
-      if constexpr (Cfg::kCS > 2) {
-        if (h == 2) stage_results<Cfg, 2>(st, g, lane);
-        if (h == 3) stage_results<Cfg, 3>(st, g, lane);
-      }
-    }
-    fence_proxy_async();  // rows written by the generic proxy, read by the copy engine
-    __syncthreads();
-    const int r = row_tile * Cfg::kM + tid;
-    if (tid < Cfg::kM && r < rows) {
-      const int tok = r / H, head = r - (r / H) * H;
-      __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
-                           static_cast<int64_t>(head) * kVDim;
-      bulk_store_s2g(dst, stage_base + tid * kStagedOutPitch, kVDim * 2);
-      bulk_commit();
-      bulk_wait_read();  // the shared memory must outlive the copy's reads (the CTA exits next)
-    }
-    return;
-  }
   if (h == 0) {
     store_results<Cfg, 0>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
   } else if constexpr (Cfg::kCS > 1) {
