@@ -299,7 +299,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   const uint32_t bar_full = smem + Cfg::kBarOff;        // + 8 * stage
   const uint32_t bar_empty = smem + Cfg::kEmptyBarOff;  // + 8 * stage
 
-  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(p.q);
   const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
   const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
   const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);

@@ -127,7 +127,6 @@ __host__ __device__ __forceinline__ int min_tiles_per_split(int min_keys, int bn
   return t < 1 ? 1 : t;
 }
 
-
 // What one CTA (a row tile x one KV split of one request) works on. Both kernels start here: the
 // grid is sized for the longest request and the most splits, and each CTA reads its real work
 // on the device (CUDA-graph replays change the lengths). False: nothing to do, exit.
@@ -473,10 +472,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   if (!cta_work<Cfg::kM, Cfg::kBN>(p, b, row_tile, split, cw)) return;
   const RequestView& req = cw.req;
   const SplitWork& w = cw.w;
-  const int H = p.num_heads, rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
+  const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
 
   const uint32_t stage_base = smem_addr(g_smem);
-  const __nv_bfloat16* q = reinterpret_cast<const __nv_bfloat16*>(p.q);
   const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
   const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
   const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
