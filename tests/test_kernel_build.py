@@ -53,6 +53,13 @@ def test_hopper_kernel_built_for_sm90a_without_spills_or_wgmma_serialisation(rep
     assert plan.row_tiles == 1 and plan.num_splits == 16  # 8 row tiles: the whole GPU (h4 -> h5)
 
 
+def test_compiler_reports_no_warnings(report):
+    """nvcc's front end warns about what a refactor leaves behind (unused variables, narrowing);
+    the build log must stay clean so a new warning is seen."""
+    warnings = [line for line in report.ptxas_log.splitlines() if "warning" in line.lower()]
+    assert warnings == []
+
+
 def test_sm120_only_build_has_no_hopper_kernel_and_says_so(tmp_path):
     rep = build.build(tmp_path / abi.LIB_FILENAME, archs=(120,))
     assert not any("hopper" in r.kernel for r in rep.resources)
