@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -56,6 +57,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def kit_prefix_slot_collisions(case_name: str, page_size: int, prefix=(4, 7), ctx: int = 64) -> int:
+    """How many prefix tokens of SGLang's attention test kit get their KV slot overwritten when the
+    kit's graph-eager leg rewrites the prefix with the contiguous layout over a `shuffled_pages`
+    fixture (docs/validate.md). Mirrors the kit: seed 3090 + len(case name), one page permutation
+    per request r seeded with seed + 17 * (r + 1)."""
+    seed = 3090 + len(case_name)
+    bad = 0
+    for r, P in enumerate(prefix):
+        perm = list(range(max(1, ctx // page_size)))
+        random.Random(seed + 17 * (r + 1)).shuffle(perm)
+        slot = [perm[(p // page_size) % len(perm)] * page_size + p % page_size for p in range(P)]
+        bad += sum(1 for p in range(P) if slot[p] < P and slot[p] != p)
+    return bad
 
 
 def run_python(code: str, env: dict, timeout: float = 120, args=()) -> subprocess.CompletedProcess:

@@ -23,6 +23,7 @@ import logging
 import os
 
 import pytest
+from conftest import kit_prefix_slot_collisions
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("KDTREE_HOOK_BACKEND_CPU") != "1" or os.environ.get("TRITON_INTERPRET") != "1",
@@ -548,7 +549,6 @@ def test_kit_page_size_1_cuda_graph_case_is_a_kit_bug(env):
     contiguous `_token_loc` layout) land on slots that the fixture's shuffled layout
     (`loc_layout="shuffled_pages"`, per token at page_size=1) gives to other prefix tokens.
     Forcing the fixture onto the contiguous layout makes the same case pass. docs/validate.md."""
-    import random
     import unittest
 
     import torch
@@ -563,18 +563,8 @@ def test_kit_page_size_1_cuda_graph_case_is_a_kit_bug(env):
 
     hook.reset_for_tests(mode=None)  # the hook reads KDTREE_VERIFY (unset: off -> passthrough)
 
-    def collisions(name, ps, prefix=(4, 7), ctx=64):
-        seed = 3090 + len(name)
-        bad = 0
-        for r, P in enumerate(prefix):
-            perm = list(range(max(1, ctx // ps)))
-            random.Random(seed + 17 * (r + 1)).shuffle(perm)
-            slot = [perm[(p // ps) % len(perm)] * ps + p % ps for p in range(P)]
-            bad += sum(1 for p in range(P) if slot[p] < P and slot[p] != p)
-        return bad
-
     name = "tv_1"  # seed 3094: one prefix slot of request 0 is overwritten at page_size=1
-    assert collisions(name, 1) > 0 and collisions(name, 16) == 0
+    assert kit_prefix_slot_collisions(name, 1) > 0 and kit_prefix_slot_collisions(name, 16) == 0
 
     def run(ps):
         case = MLAAttentionCase(name=name, backend="triton", forward_mode=ForwardMode.TARGET_VERIFY,

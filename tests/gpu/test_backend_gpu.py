@@ -23,6 +23,7 @@ import os
 import random
 
 import pytest
+from conftest import kit_prefix_slot_collisions
 
 torch = pytest.importorskip("torch")
 
@@ -420,17 +421,6 @@ def _run_kit(name, page_size, *, contiguous=False, topk=1):
         dense_attention.make_loc_fn = orig
 
 
-def _collisions(name, page_size, prefix=(4, 7), ctx=64):
-    seed = 3090 + len(name)
-    bad = 0
-    for r, P in enumerate(prefix):
-        perm = list(range(max(1, ctx // page_size)))
-        random.Random(seed + 17 * (r + 1)).shuffle(perm)
-        slot = [perm[(p // page_size) % len(perm)] * page_size + p % page_size for p in range(P)]
-        bad += sum(1 for p in range(P) if slot[p] < P and slot[p] != p)
-    return bad
-
-
 @pytest.mark.parametrize("mode", ["off", "on"])
 def test_item7_kit_cuda_graph_case_page_size(hooked, mode):
     """Hypothesis (docs/validate.md): the kit, not SGLang's Triton backend, is wrong. Its
@@ -459,7 +449,7 @@ def test_item7_kit_cuda_graph_case_page_size(hooked, mode):
         for key, res in results.items():
             name, ps = key[0], key[1]
             layout = key[2] if len(key) > 2 else "shuffled_pages"
-            print(f"    name={name!r:28} page_size={ps:2} layout={layout:14} collisions={_collisions(name, ps)}: {res}")
+            print(f"    name={name!r:28} page_size={ps:2} layout={layout:14} collisions={kit_prefix_slot_collisions(name, ps)}: {res}")
     finally:
         eligibility.ALLOW_KV_READBACK = old
     kd1 = reg.get_sample_value("kdtree_attention_calls_total", {"mode": "on", "path": "kdtree"}) or 0.0
@@ -467,7 +457,7 @@ def test_item7_kit_cuda_graph_case_page_size(hooked, mode):
         assert kd1 > kd0, "the kit's forward never reached the kdtree kernel"
     for key, res in results.items():
         name, ps = key[0], key[1]
-        if len(key) > 2 or ps == 16 or _collisions(name, ps) == 0:
+        if len(key) > 2 or ps == 16 or kit_prefix_slot_collisions(name, ps) == 0:
             assert res == "PASS", (key, res)
         else:
             assert res.startswith("FAIL at speculative_cuda_graph_runner.py"), (key, res)
