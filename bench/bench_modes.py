@@ -58,6 +58,23 @@ def _set_mode(mode: str, sample_rate: float = 1.0):
     hook.reset_for_tests(mode=Mode(mode), settings=shadow.Settings(sample_rate=sample_rate))
 
 
+def _us_per_layer_call(run_step, n: int) -> tuple:
+    """3 warm-up steps, then n timed ones: (GPU µs, host wall µs) per layer call; a step runs all
+    LAYERS layers."""
+    for _ in range(3):
+        run_step()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    e0.record()
+    for _ in range(n):
+        run_step()
+    e1.record()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / (n * LAYERS) * 1e6
+    return e0.elapsed_time(e1) * 1e3 / (n * LAYERS), wall
+
+
 def _one(mod, original, mode, *, heads, bs, draft, prefix, kind, iters, sample_rate=1.0):
     from kdtree_backend import shadow
 
@@ -91,33 +108,10 @@ def _one(mod, original, mode, *, heads, bs, draft, prefix, kind, iters, sample_r
             sc.backend.init_forward_metadata_out_graph(sc.batch)
         g.replay()
 
-    for _ in range(3):
-        replay_step()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0 = time.perf_counter()
-    e0.record()
-    for _ in range(iters):
-        replay_step()
-    e1.record()
-    torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / (iters * LAYERS) * 1e6
-    gpu = e0.elapsed_time(e1) * 1e3 / (iters * LAYERS)
-
+    gpu, wall = _us_per_layer_call(replay_step, iters)
     # eager: metadata once, then forward_extend calls (hook Python + kernels)
     sc.init_eager()
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    n_eager = max(5, iters // 4)
-    e0.record()
-    t0 = time.perf_counter()
-    for _ in range(n_eager):
-        step()
-    e1.record()
-    torch.cuda.synchronize()
-    eager_wall = (time.perf_counter() - t0) / (n_eager * LAYERS) * 1e6
-    eager_gpu = e0.elapsed_time(e1) * 1e3 / (n_eager * LAYERS)
+    eager_gpu, eager_wall = _us_per_layer_call(step, max(5, iters // 4))
     published = shadow.flush_all() if mode == "validate" else 0
     del g
     return {"graph_us_per_call_gpu": gpu, "graph_us_per_call_wall": wall,
