@@ -270,7 +270,7 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     if a.shapes is not None:
         try:
-            parse_shapes(a.shapes)
+            a.shapes = parse_shapes(a.shapes)  # parsed once, here: main() takes the list
         except ValueError as e:
             ap.error(f"--shapes: {e}")
     if a.only is not None:
@@ -653,7 +653,7 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
         return summary
 
-    grid = parse_shapes(args.shapes) if args.shapes else build_grid(args.quick)
+    grid = args.shapes if args.shapes else build_grid(args.quick)
     for i, s in enumerate(grid):
         if time.time() - t_start > args.time_limit:
             skipped.append(s._asdict())

@@ -387,6 +387,7 @@ def test_bench_grid_and_args():
             bv.parse_shapes(bad)
     with pytest.raises(SystemExit):
         bv.parse_args(["--shapes", "8,16,64"])
+    assert bv.parse_args(["--shapes", "1,8,16,64"]).shapes == [bv.Shape(1, 8, 16, 64)]
 
 
 def test_bench_roofline_arithmetic():
