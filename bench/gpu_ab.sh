@@ -9,11 +9,12 @@ set -uo pipefail
 t0=$(date +%s)
 source bench/gpu_env.sh
 PATHS=${PATHS:-hopper}
+# Variant builds run in the background while the default build goes through the kernel tests.
 for v in ${VARIANTS:-}; do
   name=${v%%:*}; flags=${v#*:}
   if [ "${flags:0:1}" = "@" ]; then cp "${flags:1}" "/tmp/lib_$name.so"; continue; fi  # a prebuilt library
-  python3 -c "import sys; from kdtree_backend.build import build; build('/tmp/lib_$name.so', extra_flags=tuple(sys.argv[1:]))" \
-    ${flags//,/ } > "$OUT/build_$name.log" 2>&1 || { echo "build $name failed"; tail -3 "$OUT/build_$name.log"; }
+  ( python3 -c "import sys; from kdtree_backend.build import build; build('/tmp/lib_$name.so', extra_flags=tuple(sys.argv[1:]))" \
+    ${flags//,/ } > "$OUT/build_$name.log" 2>&1 || { echo "build $name failed"; tail -3 "$OUT/build_$name.log"; } ) &
 done
 timeout 150 python3 -m pytest -q -m gpu tests/gpu/test_kernel_gpu.py -p no:cacheprovider > "$OUT/kernel_tests.log" 2>&1
 echo "kernel tests (both paths, default build) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests.log" | tail -4
@@ -30,6 +31,7 @@ for pth in ${SANITIZE:-}; do  # racecheck (smoke cases) and memcheck (sanitizer-
     -p no:cacheprovider tests/gpu/test_kernel_gpu.py -k "$pth" > "$OUT/memcheck-$pth.log" 2>&1
   echo "memcheck ($pth) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-$pth.log" | tail -2
 done
+wait  # the variant builds
 for v in default ${VARIANTS:-}; do
   name=${v%%:*}
   if [ "$name" != default ]; then export KDTREE_LIB=/tmp/lib_$name.so; fi

@@ -430,7 +430,17 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       online_softmax(s, st, alpha, any_move);
 
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
+#ifdef KDTREE_VSCALE_ALWAYS  // A/B only: the multiply on every tile (before h10)
       const float ps = is_prefix ? p.v_scale : 1.f;
+#else
+      // v_scale (a prefix tile's V dequantisation factor) is 1 unless the cache is scaled: a
+      // uniform branch skips 32 multiplies a thread on WG0's critical path (perf-notes h10).
+      if (is_prefix && p.v_scale != 1.f) {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) s[e] *= p.v_scale;
+      }
+      constexpr float ps = 1.f;
+#endif
       uint32_t pa[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {

@@ -64,8 +64,8 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     return status_of(e);
   }
   if (p.num_splits > 1) {
-    dim3 cgrid((row_tiles * HopperConfig::kM + kCombineRowsPerBlock - 1) / kCombineRowsPerBlock, p.batch);
-    combine_splits_kernel<HopperConfig><<<cgrid, kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
+    combine_splits_kernel<HopperConfig>
+        <<<combine_grid(row_tiles, HopperConfig::kM, p.batch), kCombineThreads, 0, stream>>>(p, row_tiles);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
       snprintf(err, err_len, "launch of the split-combine kernel (Hopper) failed: %s", cudaGetErrorString(e));

@@ -79,8 +79,8 @@ struct Launcher {
                   cudaGetErrorString(e));
     }
     if (p.num_splits > 1) {
-      dim3 cgrid((row_tiles * Cfg::kM + kdtree::kCombineRowsPerBlock - 1) / kdtree::kCombineRowsPerBlock, p.batch);
-      kdtree::combine_splits_kernel<Cfg><<<cgrid, kdtree::kCombineRowsPerBlock * 32, 0, stream>>>(p, row_tiles);
+      kdtree::combine_splits_kernel<Cfg>
+          <<<kdtree::combine_grid(row_tiles, Cfg::kM, p.batch), kdtree::kCombineThreads, 0, stream>>>(p, row_tiles);
       e = cudaGetLastError();
       if (e != cudaSuccess) {
         return fail(KDTREE_ERR_CUDA, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
