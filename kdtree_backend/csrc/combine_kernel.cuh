@@ -9,37 +9,39 @@
 
 namespace kdtree {
 
-#ifdef KDTREE_COMBINE_LEGACY  // A/B only: one warp per row, 8 rows per block (the layout before c1)
-constexpr int kCombineColsPerWarp = kVDim;
-constexpr int kCombineWarps = 8;
-constexpr int kCombineUnroll = 8;
-#else
-// One warp per (row, 128-column quarter): a lane holds one float4 per split. Small batches have few
-// rows (B = 1: 128), and one warp per row put all of a row's partials (splits x 2 KB, e.g. 66 KB
-// at 33 splits) through one SM's L2 port; quartering the rows spreads them over 4x the SMs and
-// halves each lane's serial chain of loads (perf-notes c1).
-constexpr int kCombineColsPerWarp = 128;
-constexpr int kCombineWarps = 4;  // the 4 quarters of one row
-constexpr int kCombineUnroll = 16;  // splits whose loads are in flight at once
-#endif
-constexpr int kCombineThreads = kCombineWarps * 32;
-constexpr int kCombineQuarters = kVDim / kCombineColsPerWarp;  // warps per row
-constexpr int kCombineF4 = kCombineColsPerWarp / 128;          // float4 per lane per split
-constexpr int kMaxSplits = 128;                                // kdtree_verify_run refuses more
-static_assert(kCombineWarps % kCombineQuarters == 0, "a block holds whole rows");
+// Two layouts of the same merge, picked per launch by the planned split count (perf-notes c1):
+//  * whole rows: one warp per row, 8 rows per block, 4 float4 a lane per split, 8 splits' loads in
+//    flight. Best when there are many rows and few splits (each warp's fixed chain of request,
+//    lse and weight work is spread over 2 KB a split).
+//  * quarter rows: one warp per (row, 128-column quarter), one row per block, 1 float4 a lane per
+//    split, 16 splits' loads in flight. A small batch is split 33-66 ways over few rows (B = 1:
+//    128 rows or fewer), and whole rows put all of a row's partials (66 KB at 33 splits) through
+//    one SM's L2 port in a long serial chain: quartering measured 1.1-1.5x faster end to end there,
+//    and 2-15% slower at 2-8 splits over 1-4k rows.
+template <int ColsPerWarp>
+struct CombineLayout {
+  static constexpr int kColsPerWarp = ColsPerWarp;
+  static constexpr int kWarpsPerRow = kVDim / ColsPerWarp;
+  static constexpr int kWarps = ColsPerWarp == kVDim ? 8 : kWarpsPerRow;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerBlock = kWarps / kWarpsPerRow;
+  static constexpr int kF4 = ColsPerWarp / 128;                 // float4 per lane per split
+  static constexpr int kUnroll = ColsPerWarp == kVDim ? 8 : 16;  // splits whose loads are in flight at once
+  static_assert(kVDim % ColsPerWarp == 0 && ColsPerWarp % 128 == 0, "whole float4 per lane");
+};
+using CombineWholeRows = CombineLayout<kVDim>;
+using CombineQuarterRows = CombineLayout<128>;
+// From this many planned splits on, the quarter layout runs (measured: 33 and 66 splits gain,
+// 16 is even, 8 and fewer lose).
+constexpr int kCombineQuarterMinSplits = 17;
+constexpr int kMaxSplits = 128;  // kdtree_verify_run refuses more
 
-// The combine grid for a launch of `row_tiles` x `rows_per_tile` rows per request (both launchers).
-inline dim3 combine_grid(int row_tiles, int rows_per_tile, int batch) {
-  constexpr int rows_per_block = kCombineWarps / kCombineQuarters;
-  return dim3((row_tiles * rows_per_tile + rows_per_block - 1) / rows_per_block, batch);
-}
-
-template <class Cfg>
-__global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const KdtreeVerifyParams p, int num_row_tiles) {
+template <class Cfg, class Lay>
+__global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const KdtreeVerifyParams p, int num_row_tiles) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int r = blockIdx.x * (kCombineWarps / kCombineQuarters) + warp / kCombineQuarters;
-  const int col0 = (warp % kCombineQuarters) * kCombineColsPerWarp;  // this warp's first column
+  const int r = blockIdx.x * Lay::kRowsPerBlock + warp / Lay::kWarpsPerRow;
+  const int col0 = (warp % Lay::kWarpsPerRow) * Lay::kColsPerWarp;  // this warp's first column
   const int b = blockIdx.y;
   const RequestView req = load_request(p, b);
   const int H = p.num_heads;
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const K
 
   // Weights first, in parallel over the warp's lanes (one split per lane per step), kept in
   // shared memory; then a branch-free accumulation with several splits' loads in flight.
-  __shared__ float weights[kCombineWarps][kMaxSplits];
+  __shared__ float weights[Lay::kWarps][kMaxSplits];
   float* wrow = weights[warp];
   float lse_max = -CUDART_INF_F;
   for (int s = lane; s < w.active; s += 32) lse_max = fmaxf(lse_max, ws_lse[row0 + s * rows_per_split]);
@@ -73,17 +75,17 @@ __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const K
   for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
   __syncwarp();
 
-  float4 acc[kCombineF4];
+  float4 acc[Lay::kF4];
 #pragma unroll
-  for (int i = 0; i < kCombineF4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int i = 0; i < Lay::kF4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   const float4* src = reinterpret_cast<const float4*>(ws_o + row0 * kVDim + col0) + lane;
   const int64_t split_stride4 = rows_per_split * (kVDim / 4);
-#pragma unroll kCombineUnroll
+#pragma unroll Lay::kUnroll
   for (int s = 0; s < w.active; ++s) {
     const float wt = wrow[s];
     const float4* sp = src + s * split_stride4;
 #pragma unroll
-    for (int i = 0; i < kCombineF4; ++i) {
+    for (int i = 0; i < Lay::kF4; ++i) {
       const float4 v = sp[32 * i];
       acc[i].x += wt * v.x;
       acc[i].y += wt * v.y;
@@ -96,11 +98,27 @@ __global__ void __launch_bounds__(kCombineThreads) combine_splits_kernel(const K
   __nv_bfloat16* dst =
       reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok + static_cast<int64_t>(head) * kVDim + col0;
 #pragma unroll
-  for (int i = 0; i < kCombineF4; ++i) {
+  for (int i = 0; i < Lay::kF4; ++i) {
     uint2 packed;
     packed.x = pack_bf16x2(acc[i].x * inv, acc[i].y * inv);
     packed.y = pack_bf16x2(acc[i].z * inv, acc[i].w * inv);
     *reinterpret_cast<uint2*>(dst + 4 * (lane + 32 * i)) = packed;
+  }
+}
+
+// Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows (both
+// launchers); the caller checks cudaGetLastError.
+template <class Cfg>
+inline void launch_combine(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
+  const int rows = row_tiles * Cfg::kM;
+  if (p.num_splits >= kCombineQuarterMinSplits) {
+    using Lay = CombineQuarterRows;
+    const dim3 grid((rows + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
+    combine_splits_kernel<Cfg, Lay><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
+  } else {
+    using Lay = CombineWholeRows;
+    const dim3 grid((rows + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
+    combine_splits_kernel<Cfg, Lay><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
   }
 }
 

@@ -124,8 +124,39 @@ struct SoftmaxState {
 
 // Scale into the log2 domain and mask one 64 x 64 score tile held in wgmma's accumulator layout:
 // s[8*nb + e] is row (warp*16 + lane/4 + 8*(e>>1)), key (8*nb + 2*(lane&3) + (e&1)).
+// The visibility of the first draft tile's keys for this thread's two rows, as bits
+// (nb * 2 + (e & 1)) of bits[rr]: loaded in the prologue, where the mask's two dependent round
+// trips (mask_indptr, then the bytes) hide behind the Q tile, instead of after the draft tile's
+// QK^T, where nothing else runs (perf-notes h11).
+#ifdef KDTREE_NO_MASK_PREFETCH  // A/B only: every draft tile reads the mask after its QK^T (before h11)
+constexpr bool kMaskPrefetch = false;
+#else
+constexpr bool kMaskPrefetch = true;
+#endif
+__device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int prefix, int n, int row0,
+                                                      int lane, uint32_t (&bits)[2]) {
+  const uint8_t* mask = request_mask(p, blockIdx.z);
+  const int heads = p.num_heads;
+  const int col_lane = 2 * (lane & 3);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int r = row0 + rr * 8;
+    const bool row_valid = r < n * heads;
+    const int query = row_valid ? r / heads : 0;
+    const uint8_t* mask_row = draft_mask_row(mask, prefix, n, query);
+    uint32_t b = 0;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        b |= static_cast<uint32_t>(draft_key_visible(mask_row, n, row_valid, query, nb * 8 + col_lane + e)) << (nb * 2 + e);
+    bits[rr] = b;
+  }
+}
+
 __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix,
-                                               int key_base, int prefix, int n, int row0, int lane) {
+                                               int key_base, int prefix, int n, int row0, int lane,
+                                               const uint32_t (&first_bits)[2]) {
   constexpr float kLog2e = 1.4426950408889634f;
   const int col_lane = 2 * (lane & 3);
   if (is_prefix) {
@@ -142,9 +173,17 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
     }
     return;
   }
+  const float scale = p.sm_scale * kLog2e;
+  if (kMaskPrefetch && key_base == 0) {  // the first draft tile: its bits were loaded in the prologue
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[nb * 4 + e] = (first_bits[e >> 1] >> (nb * 2 + (e & 1))) & 1u ? s[nb * 4 + e] * scale : -CUDART_INF_F;
+    return;
+  }
   const uint8_t* mask = request_mask(p, blockIdx.z);
   const int heads = p.num_heads;
-  const float scale = p.sm_scale * kLog2e;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = row0 + rr * 8;
@@ -367,6 +406,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   if (wg == 1) fetch_slots(t_begin, slots);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
   load_q();
+  const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
+  uint32_t first_bits[2] = {0u, 0u};
+  if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
+    first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
     issue_tile(t_begin, slots);
     if (t_begin + 1 < t_end) {
@@ -389,7 +432,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 #else
   const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
 #endif
-  const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
 
   if (wg == 0) {
     // =========================== math warpgroup ===========================
@@ -424,23 +466,13 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
-      scale_and_mask(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane);
+      scale_and_mask(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane, first_bits);
       float alpha[2];
       bool any_move;
       online_softmax(s, st, alpha, any_move);
 
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
-#ifdef KDTREE_VSCALE_ALWAYS  // A/B only: the multiply on every tile (before h10)
       const float ps = is_prefix ? p.v_scale : 1.f;
-#else
-      // v_scale (a prefix tile's V dequantisation factor) is 1 unless the cache is scaled: a
-      // uniform branch skips 32 multiplies a thread on WG0's critical path (perf-notes h10).
-      if (is_prefix && p.v_scale != 1.f) {
-#pragma unroll
-        for (int e = 0; e < 32; ++e) s[e] *= p.v_scale;
-      }
-      constexpr float ps = 1.f;
-#endif
       uint32_t pa[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {

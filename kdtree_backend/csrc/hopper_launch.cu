@@ -64,8 +64,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     return status_of(e);
   }
   if (p.num_splits > 1) {
-    combine_splits_kernel<HopperConfig>
-        <<<combine_grid(row_tiles, HopperConfig::kM, p.batch), kCombineThreads, 0, stream>>>(p, row_tiles);
+    launch_combine<HopperConfig>(p, row_tiles, stream);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
       snprintf(err, err_len, "launch of the split-combine kernel (Hopper) failed: %s", cudaGetErrorString(e));

@@ -79,8 +79,7 @@ struct Launcher {
                   cudaGetErrorString(e));
     }
     if (p.num_splits > 1) {
-      kdtree::combine_splits_kernel<Cfg>
-          <<<kdtree::combine_grid(row_tiles, Cfg::kM, p.batch), kdtree::kCombineThreads, 0, stream>>>(p, row_tiles);
+      kdtree::launch_combine<Cfg>(p, row_tiles, stream);
       e = cudaGetLastError();
       if (e != cudaSuccess) {
         return fail(KDTREE_ERR_CUDA, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));

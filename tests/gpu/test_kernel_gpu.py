@@ -234,6 +234,25 @@ def test_production_like_batches(ops):
     _check_against_reference(b3, _run(ops, b3))
 
 
+@pytest.mark.parametrize("splits", [2, 16, 17, 33] if SMALL else [2, 8, 16, 17, 33, 66, 128])
+def test_split_combine_layouts(ops, monkeypatch, splits):
+    """The split merge has two layouts, picked by the planned split count (combine_kernel.cuh:
+    whole rows below 17 splits, quarter rows from 17 on). Force each count (KDTREE_NUM_SPLITS) on a
+    batch whose first request has a key tile for every split, and compare with float64."""
+    monkeypatch.setenv("KDTREE_NUM_SPLITS", str(splits))
+    ops._plans.clear()  # plans are cached per shape; this one must see the forced count
+    try:
+        batch = make_verify_batch([splits * 64 + 37, 5, 0], num_heads=8, draft_lens=[16, 3, 9], mask="tree",
+                                  mask_dtype=U8, qo_indptr_dtype=I64, seed=31 + splits, device=DEV,
+                                  index_garbage=GARBAGE)
+        out = _run(ops, batch)
+        plan = next(iter(ops._plans.values()))
+        assert plan.c_plan.num_splits == splits
+        _check_against_reference(batch, out, what=f"op with {splits} splits")
+    finally:
+        ops._plans.clear()
+
+
 @pytest.mark.parametrize("sm_scale,k_scale", [(192 ** -0.5, -0.8), (-(192 ** -0.5), 1.0), (192 ** -0.5, 0.0)],
                          ids=["negative-k_scale", "negative-sm_scale", "zero-k_scale"])
 def test_non_positive_score_scales(ops, sm_scale, k_scale):
