@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,11 @@ LAYERS = 8
 
 
 def _scene_module():
+    # The scene imports its shared helpers from tests/conftest.py, which pytest makes importable by
+    # putting tests/ on sys.path; do the same here (without it this script failed to start).
+    tests_dir = str(ROOT / "tests")
+    if tests_dir not in sys.path:
+        sys.path.insert(0, tests_dir)
     spec = importlib.util.spec_from_file_location("_kdtree_backend_gpu_scene", ROOT / "tests" / "gpu" / "test_backend_gpu.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
