@@ -154,6 +154,9 @@ __device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& 
   }
 }
 
+// Scale into the log2 domain and mask. kFold (h13): the scale is applied later, inside the exp2's
+// FFMA (online_softmax<true>), so this only masks.
+template <bool kFold>
 __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix,
                                                int key_base, int prefix, int n, int row0, int lane,
                                                const uint32_t (&first_bits)[2]) {
@@ -162,14 +165,16 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
   if (is_prefix) {
     const float scale = p.sm_scale * p.k_scale * kLog2e;
     if (key_base + 64 <= prefix) {  // a full prefix tile: nothing to mask
+      if (!kFold) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] *= scale;
+        for (int i = 0; i < 32; ++i) s[i] *= scale;
+      }
       return;
     }
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int key = key_base + (i >> 2) * 8 + col_lane + (i & 1);
-      s[i] = key < prefix ? s[i] * scale : -CUDART_INF_F;
+      s[i] = key < prefix ? (kFold ? s[i] : s[i] * scale) : -CUDART_INF_F;
     }
     return;
   }
@@ -179,7 +184,8 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
     for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        s[nb * 4 + e] = (first_bits[e >> 1] >> (nb * 2 + (e & 1))) & 1u ? s[nb * 4 + e] * scale : -CUDART_INF_F;
+        s[nb * 4 + e] = (first_bits[e >> 1] >> (nb * 2 + (e & 1))) & 1u ? (kFold ? s[nb * 4 + e] : s[nb * 4 + e] * scale)
+                                                                        : -CUDART_INF_F;
     return;
   }
   const uint8_t* mask = request_mask(p, blockIdx.z);
@@ -195,14 +201,22 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
 #pragma unroll
       for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
         const int key = key_base + nb * 8 + col_lane + (e & 1);
-        s[nb * 4 + e] = draft_key_visible(mask_row, n, row_valid, query, key) ? s[nb * 4 + e] * scale : -CUDART_INF_F;
+        s[nb * 4 + e] = draft_key_visible(mask_row, n, row_valid, query, key) ? (kFold ? s[nb * 4 + e] : s[nb * 4 + e] * scale)
+                                                                              : -CUDART_INF_F;
       }
   }
 }
 
 // Online softmax on one tile (lazy reference max, as in the portable kernel): turns s into
 // unnormalised probabilities and returns each row's O rescale factor (1 when the max did not move).
-__device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st, float (&alpha)[2], bool& any_move) {
+// kFold (h13; only with positive, finite scales): s holds raw scores, `scale` is this tile's score
+// scale (log2 domain) and `ps` its P scale (v_scale on prefix tiles, else 1), given as log2(ps) and
+// 1/ps: the max is taken on raw scores and scaled once per row (scale > 0 keeps the order), and
+// P' = exp2(s * scale - (m - log2 ps)) = ps * exp2(s * scale - m) comes out of one FFMA + MUFU; the
+// row sum keeps sum(P') / ps. Without the fold s is already scaled and ps is applied when P is packed.
+template <bool kFold>
+__device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st, float (&alpha)[2], bool& any_move,
+                                               float scale, float log2_ps, float inv_ps) {
   constexpr float kRescaleThreshold = 8.f;
   bool move[2];
 #pragma unroll
@@ -212,6 +226,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
     for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb * 4 + 2 * rr], s[nb * 4 + 2 * rr + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (kFold) mx *= scale;  // -inf stays -inf (scale > 0)
     move[rr] = mx > st.m[rr] + kRescaleThreshold;  // also true the first time a row sees a key
     const float m_new = move[rr] ? mx : st.m[rr];
     alpha[rr] = move[rr] ? fast_exp2(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
@@ -223,13 +238,24 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
   for (int rr = 0; rr < 2; ++rr) {
     const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
     float sum = 0.f;
+    if (kFold) {
+      const float shift = log2_ps - base;
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb) {
-      s[nb * 4 + 2 * rr] = fast_exp2(s[nb * 4 + 2 * rr] - base);
-      s[nb * 4 + 2 * rr + 1] = fast_exp2(s[nb * 4 + 2 * rr + 1] - base);
-      sum += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
+      for (int nb = 0; nb < 8; ++nb) {
+        s[nb * 4 + 2 * rr] = fast_exp2(fmaf(s[nb * 4 + 2 * rr], scale, shift));
+        s[nb * 4 + 2 * rr + 1] = fast_exp2(fmaf(s[nb * 4 + 2 * rr + 1], scale, shift));
+        sum += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
+      }
+      st.l[rr] += sum * inv_ps;
+    } else {
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        s[nb * 4 + 2 * rr] = fast_exp2(s[nb * 4 + 2 * rr] - base);
+        s[nb * 4 + 2 * rr + 1] = fast_exp2(s[nb * 4 + 2 * rr + 1] - base);
+        sum += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
+      }
+      st.l[rr] += sum;
     }
-    st.l[rr] += sum;
   }
 }
 
@@ -310,6 +336,9 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
   }
 }
 
+// kFold (h13): the score and P scales are folded into the softmax's exp2 (positive, finite scales
+// only: the launcher picks the instantiation, so the hot loop has one softmax body either way).
+template <bool kFold>
 __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_hopper_kernel(const KdtreeVerifyParams p) {
   using Cfg = HopperConfig;
   const int row_tile = blockIdx.x;
@@ -441,6 +470,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     const int row0 = row_tile * Cfg::kM + row_in_tile0;
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float prefix_scale = p.sm_scale * p.k_scale * kLog2e, draft_scale = p.sm_scale * kLog2e;
+    const float log2_vs = kFold ? log2f(p.v_scale) : 0.f, inv_vs = kFold ? 1.f / p.v_scale : 1.f;
     for (int i = 0; i < num_tiles; ++i) {
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
@@ -466,13 +498,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
-      scale_and_mask(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane, first_bits);
+      scale_and_mask<kFold>(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane, first_bits);
       float alpha[2];
       bool any_move;
-      online_softmax(s, st, alpha, any_move);
+      online_softmax<kFold>(s, st, alpha, any_move, is_prefix ? prefix_scale : draft_scale,
+                            is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
 
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
-      const float ps = is_prefix ? p.v_scale : 1.f;
+      const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
       uint32_t pa[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {

@@ -21,8 +21,12 @@ constexpr int kMaxDevices = 64;
 int ensure_smem_attribute(int device, char* err, size_t err_len) {
   static std::atomic<bool> done[kMaxDevices];
   if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire)) return KDTREE_OK;
-  const cudaError_t e = cudaFuncSetAttribute(verify_attention_hopper_kernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, HopperConfig::kSmemBytes);
+  cudaError_t e = cudaFuncSetAttribute(verify_attention_hopper_kernel<true>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, HopperConfig::kSmemBytes);
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(verify_attention_hopper_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             HopperConfig::kSmemBytes);
+  }
   if (e != cudaSuccess) {
     snprintf(err, err_len,
              "the Hopper kernel cannot run on device %d: cudaFuncSetAttribute(%d bytes of shared memory) failed: %s "
@@ -32,6 +36,18 @@ int ensure_smem_attribute(int device, char* err, size_t err_len) {
   }
   if (device >= 0 && device < kMaxDevices) done[device].store(true, std::memory_order_release);
   return KDTREE_OK;
+}
+
+// h13: the scales fold into the softmax's exp2 when they are positive and finite, with room for
+// the products and reciprocals the folded kernel forms (SGLang's are ~0.05-1). Anything else
+// (zero, negative, huge, NaN) runs the unfolded instantiation, which applies them as given.
+bool fold_scales(const KdtreeVerifyParams& p) {
+#ifdef KDTREE_NO_SCORE_FOLD  // A/B only: always the unfolded kernel (37272a0's)
+  return false;
+#else
+  auto in_range = [](float x) { return x >= 1e-15f && x <= 1e15f; };  // false for NaN
+  return in_range(p.sm_scale) && in_range(p.k_scale) && in_range(p.v_scale);
+#endif
 }
 
 }  // namespace
@@ -56,7 +72,11 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     return KDTREE_ERR_UNSUPPORTED;
   }
   dim3 grid(row_tiles, p.num_splits, p.batch);
-  verify_attention_hopper_kernel<<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p);
+  if (fold_scales(p)) {
+    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p);
+  } else {
+    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p);
+  }
   e = cudaGetLastError();
   if (e != cudaSuccess) {
     snprintf(err, err_len, "launch of the Hopper verify kernel (grid %d x %d x %d) failed: %s", row_tiles,
@@ -76,7 +96,8 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
 
 int probe(int device, char* msg, size_t msg_len) {
   cudaFuncAttributes attr;
-  const cudaError_t e = cudaFuncGetAttributes(&attr, verify_attention_hopper_kernel);
+  cudaError_t e = cudaFuncGetAttributes(&attr, verify_attention_hopper_kernel<false>);  // both must have images
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, verify_attention_hopper_kernel<true>);
   if (e != cudaSuccess) {
     cudaGetLastError();
     snprintf(msg, msg_len, "no Hopper (sm_90a) kernel image for device %d: %s", device, cudaGetErrorString(e));
