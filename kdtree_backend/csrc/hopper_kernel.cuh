@@ -133,23 +133,33 @@ constexpr bool kMaskPrefetch = false;
 #else
 constexpr bool kMaskPrefetch = true;
 #endif
+// Query row r of the tile's draft block: which draft token it is and where its mask row starts.
+struct DraftRow {
+  bool valid;  // r is one of the request's rows (padding rows see key 0 only)
+  int query;
+  const uint8_t* mask_row;
+};
+__device__ __forceinline__ DraftRow draft_row(const uint8_t* mask, int heads, int prefix, int n, int r) {
+  DraftRow d;
+  d.valid = r < n * heads;
+  d.query = d.valid ? r / heads : 0;
+  d.mask_row = draft_mask_row(mask, prefix, n, d.query);
+  return d;
+}
+
 __device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int prefix, int n, int row0,
                                                       int lane, uint32_t (&bits)[2]) {
   const uint8_t* mask = request_mask(p, blockIdx.z);
-  const int heads = p.num_heads;
   const int col_lane = 2 * (lane & 3);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const int r = row0 + rr * 8;
-    const bool row_valid = r < n * heads;
-    const int query = row_valid ? r / heads : 0;
-    const uint8_t* mask_row = draft_mask_row(mask, prefix, n, query);
+    const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
     uint32_t b = 0;
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        b |= static_cast<uint32_t>(draft_key_visible(mask_row, n, row_valid, query, nb * 8 + col_lane + e)) << (nb * 2 + e);
+        b |= static_cast<uint32_t>(draft_key_visible(d.mask_row, n, d.valid, d.query, nb * 8 + col_lane + e)) << (nb * 2 + e);
     bits[rr] = b;
   }
 }
@@ -189,20 +199,16 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
     return;
   }
   const uint8_t* mask = request_mask(p, blockIdx.z);
-  const int heads = p.num_heads;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const int r = row0 + rr * 8;
-    const bool row_valid = r < n * heads;
-    const int query = row_valid ? r / heads : 0;
-    const uint8_t* mask_row = draft_mask_row(mask, prefix, n, query);
+    const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
       for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
         const int key = key_base + nb * 8 + col_lane + (e & 1);
-        s[nb * 4 + e] = draft_key_visible(mask_row, n, row_valid, query, key) ? (kFold ? s[nb * 4 + e] : s[nb * 4 + e] * scale)
-                                                                              : -CUDART_INF_F;
+        s[nb * 4 + e] = draft_key_visible(d.mask_row, n, d.valid, d.query, key) ? (kFold ? s[nb * 4 + e] : s[nb * 4 + e] * scale)
+                                                                                : -CUDART_INF_F;
       }
   }
 }

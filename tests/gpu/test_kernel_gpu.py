@@ -234,6 +234,16 @@ def test_production_like_batches(ops):
     _check_against_reference(b3, _run(ops, b3))
 
 
+@pytest.mark.parametrize("mask", ["tree", "none"])
+def test_more_than_64_draft_tokens(ops, mask):
+    """SGLang drafts at most 64 tokens today, but the op takes any count: n > 64 gives the Hopper
+    kernel (64-key tiles) a second and a third draft tile, whose mask is read inside the loop
+    rather than in the prologue (h11), and the portable kernel (32-key tiles) up to five."""
+    batch = make_verify_batch([70, 0, 300], num_heads=4, draft_lens=[65, 130, 7], mask=mask, mask_dtype=U8,
+                              qo_indptr_dtype=I64, seed=61, device=DEV, index_garbage=GARBAGE)
+    _check_against_reference(batch, _run(ops, batch))
+
+
 @pytest.mark.parametrize("splits", [2, 16, 17, 33] if SMALL else [2, 8, 16, 17, 33, 66, 128])
 def test_split_combine_layouts(ops, monkeypatch, splits):
     """The split merge has two layouts, picked by the planned split count (combine_kernel.cuh:
