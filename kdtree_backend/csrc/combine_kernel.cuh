@@ -17,7 +17,7 @@ namespace kdtree {
 //    split, 16 splits' loads in flight. A small batch is split 33-66 ways over few rows (B = 1:
 //    128 rows or fewer), and whole rows put all of a row's partials (66 KB at 33 splits) through
 //    one SM's L2 port in a long serial chain: quartering measured 1.1-1.5x faster end to end there,
-//    and 2-15% slower at 2-8 splits over 1-4k rows.
+//    and 2-17% slower at 2-8 splits over 1-4k rows.
 template <int ColsPerWarp>
 struct CombineLayout {
   static constexpr int kColsPerWarp = ColsPerWarp;
