@@ -140,6 +140,7 @@ def with_hopper(archs: tuple[int, ...]) -> bool:
 
 
 def _common_flags() -> list[str]:
+    """Flags of every nvcc call: the library link and the Hopper object compile alike."""
     return ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", "-lineinfo", "-Xptxas", "-v"]
 
 
@@ -157,16 +158,10 @@ def nvcc_command(nvcc: str, out: Path, archs: tuple[int, ...], extra: tuple[str,
     hopper = ["-DKDTREE_WITH_HOPPER"] if objects else []
     return [
         nvcc,
-        "-O3",
-        "-std=c++17",
+        *_common_flags(),
         "-shared",
-        "-Xcompiler",
-        "-fPIC,-fvisibility=hidden",
         "-cudart",
         "static",
-        "-lineinfo",
-        "-Xptxas",
-        "-v",
         f'-DKDTREE_BUILT_ARCHS="{",".join(str(a) for a in archs)}"',
         f'-DKDTREE_LIBRARY_VERSION="{lib_version}"',
         *gencodes,
