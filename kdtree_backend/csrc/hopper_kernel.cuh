@@ -8,9 +8,7 @@
 //                 O[:, 0:256] += P V[:, 0:256] (4 x wgmma m64n256k16, P from registers).
 //   WG1 "helper": gathers the K tiles (16-byte cp.async through kv_indices into the 128-byte
 //                 swizzled layout wgmma reads), then O[:, 256:512] += P V[:, 256:512] with P from
-//                 shared memory. Its PV of tile t waits until WG0's QK^T of tile t+1 has completed,
-//                 so it runs under WG0's softmax of tile t+1, when the tensor pipe has nothing else
-//                 (h14; before, it ran beside WG0's PV and QK^T and the softmax ran alone).
+//                 shared memory. Its PV of tile t runs while WG0 computes QK^T of tile t+1.
 // Each K tile is gathered once and feeds QK^T (all 576 columns, K-major) and PV (first 512
 // columns, read N-major through the descriptor's transpose bit): V = K[:, :512].
 //
@@ -19,12 +17,9 @@
 // Every 576-wide block is stored as 9 column atoms of 64 columns (8 KB each): row r of an atom at
 // r * 128 B, its 16-byte chunk c at ((c ^ (r & 7)) * 16): the canonical 128-byte swizzle.
 //
-// Synchronisation: a K stage is gathered in two atom groups, each completing its own mbarrier
-// (WG1's cp.async, noinc arrivals): group B = column atoms 0-3 (WG0's PV columns) and 8 (rope,
-// QK^T only), free again once WG0's PV of the stage is done (the "empty" mbarrier WG0's threads
-// arrive on); group A = atoms 4-7 (WG1's PV columns), free once WG1's own PV is done. QK^T walks
-// the atoms 8, 0-3, 4-7, so group A, refilled last, is needed last. P full / P free / S ready are
-// named barriers between the two warpgroups, in strict alternation (docs/hopper-path.md).
+// Synchronisation: K stage full = mbarrier completed by WG1's cp.async (noinc arrivals); K stage
+// empty = mbarrier WG0's threads arrive on after their PV of the stage; P full / P free = named
+// barriers between the two warpgroups, in strict alternation (docs/hopper-path.md).
 #pragma once
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -52,8 +47,8 @@ struct HopperConfig {
   static constexpr int kAlphaOff = kPOff + kAtomBytes;  // float[64]: this tile's O rescale factors
   static constexpr int kInvLOff = kAlphaOff + 64 * 4;   // float[64]: 1 / row sum at the end
   static constexpr int kLseOff = kInvLOff + 64 * 4;     // float[64]: log2-sum-exp at the end
-  static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2][2]: K stage x atom group full mbarriers
-  static constexpr int kEmptyBarOff = kBarOff + kStages * 2 * 8;  // uint64[2]: group B of a K stage free (WG0's PV done)
+  static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
+  static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kSmemBytes = kEmptyBarOff + kStages * 8;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
@@ -63,14 +58,22 @@ static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0
 // Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
 constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
-constexpr int kBarSReady = 3;  // h14: WG0's QK^T of the next tile has completed
 constexpr int kBarFinal = 4;
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
 
-#ifdef KDTREE_NO_PV1_DELAY  // A/B only: WG1's PV starts as soon as P is in shared memory (before h14)
-constexpr bool kDelayPV1 = false;
+// Experiments (perf-notes "h15", A/B only until measured):
+//   KDTREE_WG1_EARLY_FENCE: WG1's proxy fence for a K tile runs before it issues the next refill,
+//     not after "P full", where (if MEMBAR waits for them) the refill's cp.async are in flight.
+//   KDTREE_WG1_SKIP_RESCALE: WG1 rescales its O only when some row's max moved (as WG0 does).
+#ifdef KDTREE_WG1_EARLY_FENCE
+constexpr bool kWg1EarlyFence = true;
 #else
-constexpr bool kDelayPV1 = true;
+constexpr bool kWg1EarlyFence = false;
+#endif
+#ifdef KDTREE_WG1_SKIP_RESCALE
+constexpr bool kWg1SkipRescale = true;
+#else
+constexpr bool kWg1SkipRescale = false;
 #endif
 
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
@@ -382,7 +385,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   float* s_alpha = reinterpret_cast<float*>(g_hopper_smem + Cfg::kAlphaOff);
   float* s_inv_l = reinterpret_cast<float*>(g_hopper_smem + Cfg::kInvLOff);
   float* s_lse = reinterpret_cast<float*>(g_hopper_smem + Cfg::kLseOff);
-  const uint32_t bar_full = smem + Cfg::kBarOff;        // + 16 * stage (group B), + 8 (group A)
+  const uint32_t bar_full = smem + Cfg::kBarOff;        // + 8 * stage
   const uint32_t bar_empty = smem + Cfg::kEmptyBarOff;  // + 8 * stage
 
   const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
@@ -390,10 +393,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
 
   if (tid == 0) {
-#pragma unroll
-    for (int k = 0; k < 2 * Cfg::kStages; ++k) mbar_init(bar_full + 8 * k, 128);
-#pragma unroll
-    for (int k = 0; k < Cfg::kStages; ++k) mbar_init(bar_empty + 8 * k, 128);
+    mbar_init(bar_full, 128);
+    mbar_init(bar_full + 8, 128);
+    mbar_init(bar_empty, 128);
+    mbar_init(bar_empty + 8, 128);
   }
   // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
   auto load_q = [&]() {
@@ -425,11 +428,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       }
     }
   };
-  // One atom group of a tile (group_a: atoms 4-7, else atoms 0-3 and 8), then the thread's arrival
-  // on that group's full barrier (it completes when all of the thread's earlier copies have landed).
-  auto issue_group = [&](int tile, const int64_t (&slots)[4], bool group_a) {
-    const int stage = (tile - t_begin) & 1;
-    const uint32_t dst_base = sK + stage * Cfg::kBlockBytes;
+  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
+    const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int key_local = gather_key0 + 16 * u;
@@ -444,20 +444,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
         src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
       }
       const uint32_t dst = dst_base + swizzled(key_local, gather_chunk);
-      if (group_a) {
 #pragma unroll
-        for (int a = 4; a < 8; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
-      } else {
-        cp_async_16(dst + 8 * Cfg::kAtomBytes, src + 8 * 64 + gather_chunk * 8, valid);
-#pragma unroll
-        for (int a = 0; a < 4; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
-      }
+      for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
     }
-    cp_async_mbar_arrive(bar_full + 16 * stage + (group_a ? 8 : 0));
-  };
-  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
-    issue_group(tile, slots, false);
-    issue_group(tile, slots, true);
+    cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
@@ -507,36 +497,25 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     for (int i = 0; i < num_tiles; ++i) {
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-      const uint32_t full_b = bar_full + 16 * (i & 1);
-      mbar_wait(full_b, (i >> 1) & 1);  // atom group B: 0-3 and 8
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
       fence_proxy_async();
 
-      // S = Q K^T over 36 k16 steps (4 per 64-column atom), atoms in the order 8, 0-3, 4-7: group A
-      // (4-7) is gathered last (h14). Descriptors advance by adding (byte offset >> 4) to the
-      // start-address field: every address stays below 256 KB, so the 14-bit field never carries.
+      // S = Q K^T over 36 k16 steps (4 per 64-column atom).
+      // Descriptors advance by adding (byte offset >> 4) to the start-address field: every
+      // address stays below 256 KB, so the 14-bit field never carries.
       float s[32];
       const uint64_t desc_q = make_desc(sQ, 16, 1024);
       const uint64_t desc_k = make_desc(stage, 16, 1024);
       wgmma_fence_operand(s);
       wgmma_fence();
 #pragma unroll
-      for (int n = 0; n < 36; ++n) {
-        if (n == 20) {  // atoms 8 and 0-3 issued: wait for group A
-          wgmma_commit();
-          wgmma_fence_operand(s);
-          mbar_wait(full_b + 8, (i >> 1) & 1);
-          fence_proxy_async();
-          wgmma_fence_operand(s);
-          wgmma_fence();
-        }
-        const int ks = (n + 32) % 36;  // k-step in depth order
+      for (int ks = 0; ks < 36; ++ks) {
         const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
-        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, n > 0);
+        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(s);
-      if (kDelayPV1 && i > 0) named_arrive(kBarSReady, 256);  // WG1 may start its PV of tile t-1
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
@@ -586,7 +565,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(o);
-      if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill group B
+      if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
     }
     // Row statistics for the helper and for the split combine.
     float inv_l[2];
@@ -622,22 +601,17 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     // =========================== helper warpgroup ===========================
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    if (kWg1EarlyFence && num_tiles > 0) {
+      mbar_wait(bar_full, 0);
+      fence_proxy_async();
+    }
     for (int i = 0; i < num_tiles; ++i) {
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-      mbar_wait(bar_full + 16 * (i & 1) + 8, (i >> 1) & 1);  // group A: already complete, WG0 waited first
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
       named_barrier(kBarPFull, 256);
+      if (!kWg1EarlyFence) fence_proxy_async();
       const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
-      const bool refill = i + 2 < num_tiles;
-      // Tile t+2 goes into this stage. Group B once WG0's PV of tile t is done (WG0 cannot arrive on
-      // this stage's empty barrier again before tile t+2 has landed: phases never run ahead); group
-      // A after this warpgroup's own PV below.
-      if (kDelayPV1 && refill) {
-        mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
-        issue_group(t_begin + i + 2, slots, false);
-      }
-      if (kDelayPV1 && i + 1 < num_tiles) named_barrier(kBarSReady, 256);  // WG0's QK^T of tile t+1 is done
-      fence_proxy_async();
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
+      if (!kWg1SkipRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
       wgmma_fence_operand(o);
       wgmma_fence();
       const uint64_t desc_p = make_desc(sP, 16, 1024);
@@ -648,12 +622,15 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       wgmma_wait<0>();
       wgmma_fence_operand(o);
       if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // WG0 may write P of tile t+1
-      if (refill) {
-        if (!kDelayPV1) {
-          mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
-          issue_group(t_begin + i + 2, slots, false);
-        }
-        issue_group(t_begin + i + 2, slots, true);
+      if (kWg1EarlyFence && i + 1 < num_tiles) {  // tile t+1 (WG0 is already on it), fenced before the refill
+        mbar_wait(bar_full + 8 * ((i + 1) & 1), ((i + 1) >> 1) & 1);
+        fence_proxy_async();
+      }
+      if (i + 2 < num_tiles) {
+        // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
+        // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
+        mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
+        issue_tile(t_begin + i + 2, slots);
         fetch_slots(t_begin + i + 3, slots);
       }
     }
