@@ -61,19 +61,12 @@ constexpr int kBarPFree = 2;
 constexpr int kBarFinal = 4;
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
 
-// Experiments (perf-notes "h15", A/B only until measured):
-//   KDTREE_WG1_EARLY_FENCE: WG1's proxy fence for a K tile runs before it issues the next refill,
-//     not after "P full", where (if MEMBAR waits for them) the refill's cp.async are in flight.
-//   KDTREE_WG1_SKIP_RESCALE: WG1 rescales its O only when some row's max moved (as WG0 does).
-#ifdef KDTREE_WG1_EARLY_FENCE
-constexpr bool kWg1EarlyFence = true;
-#else
-constexpr bool kWg1EarlyFence = false;
-#endif
-#ifdef KDTREE_WG1_SKIP_RESCALE
-constexpr bool kWg1SkipRescale = true;
-#else
+// WG1 rescales its half of O only when a row of its warp moved its max, as WG0 does (h15): 128
+// FMULs a tile fewer on the schedulers WG0's softmax issues on. A/B: -DKDTREE_WG1_ALWAYS_RESCALE.
+#ifdef KDTREE_WG1_ALWAYS_RESCALE
 constexpr bool kWg1SkipRescale = false;
+#else
+constexpr bool kWg1SkipRescale = true;
 #endif
 
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
@@ -148,20 +141,6 @@ constexpr bool kMaskPrefetch = false;
 #else
 constexpr bool kMaskPrefetch = true;
 #endif
-// Query row r of the tile's draft block: which draft token it is and where its mask row starts.
-struct DraftRow {
-  bool valid;  // r is one of the request's rows (padding rows see key 0 only)
-  int query;
-  const uint8_t* mask_row;
-};
-__device__ __forceinline__ DraftRow draft_row(const uint8_t* mask, int heads, int prefix, int n, int r) {
-  DraftRow d;
-  d.valid = r < n * heads;
-  d.query = d.valid ? r / heads : 0;
-  d.mask_row = draft_mask_row(mask, prefix, n, d.query);
-  return d;
-}
-
 __device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int prefix, int n, int row0,
                                                       int lane, uint32_t (&bits)[2]) {
   const uint8_t* mask = request_mask(p, blockIdx.z);
@@ -179,16 +158,14 @@ __device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& 
   }
 }
 
-// Scale into the log2 domain and mask. kFold (h13): the scale is applied later, inside the exp2's
-// FFMA (online_softmax<true>), so this only masks.
+// Scale into the log2 domain (`scale`: the tile's score scale, prefix or draft) and mask. kFold
+// (h13): the scale is applied later, inside the exp2's FFMA (online_softmax<true>), so this only masks.
 template <bool kFold>
 __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix,
-                                               int key_base, int prefix, int n, int row0, int lane,
+                                               float scale, int key_base, int prefix, int n, int row0, int lane,
                                                const uint32_t (&first_bits)[2]) {
-  constexpr float kLog2e = 1.4426950408889634f;
   const int col_lane = 2 * (lane & 3);
   if (is_prefix) {
-    const float scale = p.sm_scale * p.k_scale * kLog2e;
     if (key_base + 64 <= prefix) {  // a full prefix tile: nothing to mask
       if (!kFold) {
 #pragma unroll
@@ -203,7 +180,6 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
     }
     return;
   }
-  const float scale = p.sm_scale * kLog2e;
   if (kMaskPrefetch && key_base == 0) {  // the first draft tile: its bits were loaded in the prologue
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
@@ -519,11 +495,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
-      scale_and_mask<kFold>(s, p, is_prefix, key_base, req.prefix, req.n, row0, lane, first_bits);
+      const float tile_scale = is_prefix ? prefix_scale : draft_scale;
+      scale_and_mask<kFold>(s, p, is_prefix, tile_scale, key_base, req.prefix, req.n, row0, lane, first_bits);
       float alpha[2];
       bool any_move;
-      online_softmax<kFold>(s, st, alpha, any_move, is_prefix ? prefix_scale : draft_scale,
-                            is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
+      online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
 
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
       const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
@@ -601,15 +577,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     // =========================== helper warpgroup ===========================
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
-    if (kWg1EarlyFence && num_tiles > 0) {
-      mbar_wait(bar_full, 0);
-      fence_proxy_async();
-    }
     for (int i = 0; i < num_tiles; ++i) {
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
       named_barrier(kBarPFull, 256);
-      if (!kWg1EarlyFence) fence_proxy_async();
+      fence_proxy_async();
       const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
       if (!kWg1SkipRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
       wgmma_fence_operand(o);
@@ -622,10 +594,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       wgmma_wait<0>();
       wgmma_fence_operand(o);
       if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // WG0 may write P of tile t+1
-      if (kWg1EarlyFence && i + 1 < num_tiles) {  // tile t+1 (WG0 is already on it), fenced before the refill
-        mbar_wait(bar_full + 8 * ((i + 1) & 1), ((i + 1) >> 1) & 1);
-        fence_proxy_async();
-      }
       if (i + 2 < num_tiles) {
         // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
         // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.

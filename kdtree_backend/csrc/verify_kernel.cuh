@@ -189,6 +189,20 @@ __device__ __forceinline__ bool draft_key_visible(const uint8_t* mask_row, int n
   return key <= query;
 }
 
+// Query row r of the tile's draft block: which draft token it is and where its mask row starts.
+struct DraftRow {
+  bool valid;  // r is one of the request's rows (padding rows see key 0 only)
+  int query;
+  const uint8_t* mask_row;
+};
+__device__ __forceinline__ DraftRow draft_row(const uint8_t* mask, int heads, int prefix, int n, int r) {
+  DraftRow d;
+  d.valid = r < n * heads;
+  d.query = d.valid ? r / heads : 0;
+  d.mask_row = draft_mask_row(mask, prefix, n, d.query);
+  return d;
+}
+
 // Per-warp state carried across key tiles.
 template <class Cfg>
 struct WarpState {
@@ -342,16 +356,13 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
     const int heads = p.num_heads;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const int r = tc.row0 + rr * 8;
-      const bool row_valid = r < tc.n * heads;
-      const int query = row_valid ? r / heads : 0;
-      const uint8_t* mask_row = draft_mask_row(mask, tc.prefix, tc.n, query);
+      const DraftRow d = draft_row(mask, heads, tc.prefix, tc.n, tc.row0 + rr * 8);
 #pragma unroll
       for (int f = 0; f < NT; ++f)
 #pragma unroll
         for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
           const int key = tc.key_base + f * 8 + col_lane + (e & 1);
-          s[f][e] = draft_key_visible(mask_row, tc.n, row_valid, query, key) ? s[f][e] * (p.sm_scale * kLog2e) : -CUDART_INF_F;
+          s[f][e] = draft_key_visible(d.mask_row, tc.n, d.valid, d.query, key) ? s[f][e] * (p.sm_scale * kLog2e) : -CUDART_INF_F;
         }
     }
   }
