@@ -1,16 +1,14 @@
 // Hopper (sm_90a) verify kernel: the same semantics, split plan, workspace and combine step as the
 // portable kernel (verify_kernel.cuh), with wgmma tensor cores and 64-key tiles.
 //
-// CTA = 64 query rows of one request x one KV split; 3 warpgroups (384 threads):
+// CTA = 64 query rows of one request x one KV split; 2 warpgroups (256 threads):
 //   WG0 "math":   S = Q K^T over the full 576 depth (36 x wgmma m64n64k16, Q and K from shared
 //                 memory), mask, online softmax (owns the running max / sum), P (bf16) kept in
 //                 registers for its own PV and written to shared memory for WG1, then
 //                 O[:, 0:256] += P V[:, 0:256] (4 x wgmma m64n256k16, P from registers).
-//   WG1 "helper": O[:, 256:512] += P V[:, 256:512] with P from shared memory. Its PV of tile t
-//                 waits until WG0's QK^T of tile t+1 has completed, so it runs under WG0's
-//                 softmax of tile t+1, when the tensor pipe has nothing else (h16).
-//   WG2 "producer": gathers the K tiles (16-byte cp.async through kv_indices into the 128-byte
-//                 swizzled layout wgmma reads); 32 registers (setmaxnreg), the others 240.
+//   WG1 "helper": gathers the K tiles (16-byte cp.async through kv_indices into the 128-byte
+//                 swizzled layout wgmma reads), then O[:, 256:512] += P V[:, 256:512] with P from
+//                 shared memory. Its PV of tile t runs while WG0 computes QK^T of tile t+1.
 // Each K tile is gathered once and feeds QK^T (all 576 columns, K-major) and PV (first 512
 // columns, read N-major through the descriptor's transpose bit): V = K[:, :512].
 //
@@ -19,12 +17,9 @@
 // Every 576-wide block is stored as 9 column atoms of 64 columns (8 KB each): row r of an atom at
 // r * 128 B, its 16-byte chunk c at ((c ^ (r & 7)) * 16): the canonical 128-byte swizzle.
 //
-// Synchronisation: a K stage is gathered in two atom groups, each completing its own "full"
-// mbarrier (the producer's cp.async, noinc arrivals): group B = column atoms 0-3 (WG0's PV
-// columns) and 8 (rope, QK^T only), group A = atoms 4-7 (WG1's PV columns). Each group has an
-// "empty" mbarrier its reader arrives on: WG0 after its PV (B), WG1 after its PV (A). QK^T walks
-// the atoms 8, 0-3 | 4-7, so group A, refilled last, is needed last. P full / P free / S ready
-// are named barriers between WG0 and WG1, in strict alternation (docs/hopper-path.md).
+// Synchronisation: K stage full = mbarrier completed by WG1's cp.async (noinc arrivals); K stage
+// empty = mbarrier WG0's threads arrive on after their PV of the stage; P full / P free = named
+// barriers between the two warpgroups, in strict alternation (docs/hopper-path.md).
 #pragma once
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -41,8 +36,7 @@ namespace hopper {
 struct HopperConfig {
   static constexpr int kM = 64;        // query rows per CTA (one wgmma M)
   static constexpr int kBN = 64;       // keys per tile
-  static constexpr int kThreads = 384;  // WG0 math, WG1 helper, WG2 producer
-  static constexpr int kProducerRegs = 40, kMathRegs = 232;  // 128 x (40 + 2 x 232) = 64,512
+  static constexpr int kThreads = 256;
   static constexpr int kAtomBytes = 64 * 128;              // 64 rows x 64 bf16 columns
   static constexpr int kAtoms = kQkDim / 64;               // 9 column atoms per 576-wide block
   static constexpr int kBlockBytes = kAtoms * kAtomBytes;  // 73,728
@@ -53,9 +47,9 @@ struct HopperConfig {
   static constexpr int kAlphaOff = kPOff + kAtomBytes;  // float[64]: this tile's O rescale factors
   static constexpr int kInvLOff = kAlphaOff + 64 * 4;   // float[64]: 1 / row sum at the end
   static constexpr int kLseOff = kInvLOff + 64 * 4;     // float[64]: log2-sum-exp at the end
-  static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[stage][group B, A]: K full mbarriers
-  static constexpr int kEmptyBarOff = kBarOff + kStages * 16;  // uint64[stage][group B, A]: K empty
-  static constexpr int kSmemBytes = kEmptyBarOff + kStages * 16;
+  static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
+  static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
+  static constexpr int kSmemBytes = kEmptyBarOff + kStages * 8;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
@@ -64,16 +58,8 @@ static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0
 // Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
 constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
-constexpr int kBarSReady = 3;  // WG0's QK^T of the next tile has completed (h16)
 constexpr int kBarFinal = 4;
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
-constexpr int kBarQReady = 7;  // the Q tile is in shared memory (WG0 and WG1)
-
-#ifdef KDTREE_NO_PV1_DELAY  // A/B only: WG1's PV starts as soon as P is in shared memory
-constexpr bool kDelayPV1 = false;
-#else
-constexpr bool kDelayPV1 = true;
-#endif
 
 // WG1 rescales its half of O only when a row of its warp moved its max, as WG0 does (h15): 128
 // FMULs a tile fewer on the schedulers WG0's softmax issues on. A/B: -DKDTREE_WG1_ALWAYS_RESCALE.
@@ -136,15 +122,6 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 }
 __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// Per-warpgroup register budgets (all four warps of a warpgroup execute it).
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 // WG0's online-softmax state for its two rows (lane/4 and lane/4 + 8 of its warp's 16).
@@ -366,7 +343,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   const int b = blockIdx.z;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
-  const int wg = tid >> 7;           // 0: math, 1: helper, 2: producer
+  const int wg = tid >> 7;           // 0: math, 1: helper
   const int warp_in_wg = (tid >> 5) & 3;
 
   CtaWork cw;
@@ -384,21 +361,20 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   float* s_alpha = reinterpret_cast<float*>(g_hopper_smem + Cfg::kAlphaOff);
   float* s_inv_l = reinterpret_cast<float*>(g_hopper_smem + Cfg::kInvLOff);
   float* s_lse = reinterpret_cast<float*>(g_hopper_smem + Cfg::kLseOff);
-  const uint32_t bar_full = smem + Cfg::kBarOff;        // + 16 * stage + 8 * (group A)
-  const uint32_t bar_empty = smem + Cfg::kEmptyBarOff;  // + 16 * stage + 8 * (group A)
+  const uint32_t bar_full = smem + Cfg::kBarOff;        // + 8 * stage
+  const uint32_t bar_empty = smem + Cfg::kEmptyBarOff;  // + 8 * stage
 
   const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
   const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
   const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
 
   if (tid == 0) {
-#pragma unroll
-    for (int k = 0; k < 2 * Cfg::kStages; ++k) {
-      mbar_init(bar_full + 8 * k, 128);   // the producer's 128 threads
-      mbar_init(bar_empty + 8 * k, 128);  // the reading warpgroup's 128 threads
-    }
+    mbar_init(bar_full, 128);
+    mbar_init(bar_full + 8, 128);
+    mbar_init(bar_empty, 128);
+    mbar_init(bar_empty + 8, 128);
   }
-  // ---- Q tile (zeros past the request) -> swizzled shared memory, by WG0 and WG1 (256 threads).
+  // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
   auto load_q = [&]() {
     const int row = tid >> 2;
     bool valid;
@@ -411,13 +387,13 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     cp_async_commit();
   };
 
-  // ---- The producer's K gather: thread j of WG2 copies 16-byte chunk (j & 7) of each 64-column atom
+  // ---- The helper's K gather: thread j of WG1 copies 16-byte chunk (j & 7) of each 64-column atom
   // for keys 16u + j/8 (u = 0..3): a warp reads 4 whole 128-byte segments per instruction.
   const int j = tid & 127;
   const int gather_chunk = j & 7;
   const int gather_key0 = j >> 3;  // + 16u
   // Slot ids are fetched a tile ahead and range-checked only when the copy is issued, so the
-  // index load's latency hides behind the wait for the next empty stage (perf-notes h1).
+  // index load's latency hides behind the next PV (checking at once stalled WG1: perf-notes h1).
   auto fetch_slots = [&](int tile, int64_t (&slots)[4]) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -428,11 +404,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       }
     }
   };
-  // One atom group of a tile (group_a: atoms 4-7, else atoms 0-3 and 8), then the thread's arrival
-  // on that group's full barrier (it completes when all of the thread's earlier copies have landed).
-  auto issue_group = [&](int tile, const int64_t (&slots)[4], bool group_a) {
-    const int stage = (tile - t_begin) & 1;
-    const uint32_t dst_base = sK + stage * Cfg::kBlockBytes;
+  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
+    const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int key_local = gather_key0 + 16 * u;
@@ -447,57 +420,33 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
         src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
       }
       const uint32_t dst = dst_base + swizzled(key_local, gather_chunk);
-      if (group_a) {
 #pragma unroll
-        for (int a = 4; a < 8; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
-      } else {
-        cp_async_16(dst + 8 * Cfg::kAtomBytes, src + 8 * 64 + gather_chunk * 8, valid);
-#pragma unroll
-        for (int a = 0; a < 4; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
-      }
+      for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
     }
-    cp_async_mbar_arrive(bar_full + 16 * stage + (group_a ? 8 : 0));
+    cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
 
-  // Prologue: barriers initialised and visible; the producer gathers the first two K tiles
-  // while WG0 and WG1 load Q (its own cp.async group).
+  // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
+  // waiting for Q, the first two K tiles (tracked by their mbarriers only).
   int64_t slots[4];
-  if (wg == 2) fetch_slots(t_begin, slots);
+  if (wg == 1) fetch_slots(t_begin, slots);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
-  if (wg == 2) {
-    // =========================== producer warpgroup ===========================
-    setmaxnreg_dec<Cfg::kProducerRegs>();
-    issue_group(t_begin, slots, false);
-    issue_group(t_begin, slots, true);
-    if (t_begin + 1 < t_end) {
-      fetch_slots(t_begin + 1, slots);
-      issue_group(t_begin + 1, slots, false);
-      issue_group(t_begin + 1, slots, true);
-    }
-    fetch_slots(t_begin + 2, slots);
-    // Tile t+2 goes into tile t's stage: group B once WG0's PV of tile t is done, group A once
-    // WG1's is. A reader cannot arrive on an empty barrier again before the refill it allows has
-    // landed (it waits for that tile first): phases never run ahead.
-    for (int i = 0; i + 2 < num_tiles; ++i) {
-      const uint32_t empty = bar_empty + 16 * (i & 1);
-      mbar_wait(empty, (i >> 1) & 1);
-      issue_group(t_begin + i + 2, slots, false);
-      mbar_wait(empty + 8, (i >> 1) & 1);
-      issue_group(t_begin + i + 2, slots, true);
-      fetch_slots(t_begin + i + 3, slots);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");  // every copy (none is in a group) has landed before exit
-    return;
-  }
-  setmaxnreg_inc<Cfg::kMathRegs>();
   load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
   uint32_t first_bits[2] = {0u, 0u};
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
-  cp_async_wait<0>();  // this thread's Q group
+  if (wg == 1) {
+    issue_tile(t_begin, slots);
+    if (t_begin + 1 < t_end) {
+      fetch_slots(t_begin + 1, slots);
+      issue_tile(t_begin + 1, slots);
+    }
+    fetch_slots(t_begin + 2, slots);
+  }
+  cp_async_wait<0>();  // this thread's Q group (the tiles' copies belong to no group)
   fence_proxy_async();
-  named_barrier(kBarQReady, 256);  // Q visible to both math warpgroups
+  __syncthreads();     // Q visible to everyone
 
   float o[128];
   const bool direct = w.active == 1;
@@ -524,38 +473,25 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     for (int i = 0; i < num_tiles; ++i) {
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-      const uint32_t full_b = bar_full + 16 * (i & 1);
-      mbar_wait(full_b, (i >> 1) & 1);  // atom group B: 0-3 and 8
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
       fence_proxy_async();
 
-      // S = Q K^T over 36 k16 steps (4 per 64-column atom), atoms in the order 8, 0-3 | 4-7: group
-      // A is refilled last. Descriptors advance by adding (byte offset >> 4) to the start-address
-      // field: every address stays below 256 KB, so the 14-bit field never carries.
+      // S = Q K^T over 36 k16 steps (4 per 64-column atom).
+      // Descriptors advance by adding (byte offset >> 4) to the start-address field: every
+      // address stays below 256 KB, so the 14-bit field never carries.
       float s[32];
       const uint64_t desc_q = make_desc(sQ, 16, 1024);
       const uint64_t desc_k = make_desc(stage, 16, 1024);
       wgmma_fence_operand(s);
       wgmma_fence();
 #pragma unroll
-      for (int n = 0; n < 36; ++n) {
-        if (n == 20) {
-          // Group A's wait: the first 20 wgmmas are committed first, because a wait loop between
-          // wgmmas that share an accumulator makes ptxas serialise every wgmma (C7520).
-          wgmma_commit();
-          wgmma_fence_operand(s);
-          mbar_wait(full_b + 8, (i >> 1) & 1);
-          fence_proxy_async();
-          wgmma_fence_operand(s);
-          wgmma_fence();
-        }
-        const int ks = (n + 32) % 36;  // k-step in depth order
+      for (int ks = 0; ks < 36; ++ks) {
         const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
-        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, n > 0);
+        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(s);
-      if (kDelayPV1 && i > 0) named_arrive(kBarSReady, 256);  // WG1 may start its PV of tile t-1
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
@@ -605,7 +541,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(o);
-      if (i + 2 < num_tiles) mbar_arrive(bar_empty + 16 * (i & 1));  // the producer may refill group B
+      if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
     }
     // Row statistics for the helper and for the split combine.
     float inv_l[2];
@@ -643,11 +579,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int i = 0; i < num_tiles; ++i) {
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-      mbar_wait(bar_full + 16 * (i & 1) + 8, (i >> 1) & 1);  // group A: already complete, WG0 waited first
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
       named_barrier(kBarPFull, 256);
-      const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
-      if (kDelayPV1 && i + 1 < num_tiles) named_barrier(kBarSReady, 256);  // WG0's QK^T of tile t+1 is done
       fence_proxy_async();
+      const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
       if (!kWg1SkipRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
       wgmma_fence_operand(o);
       wgmma_fence();
@@ -658,8 +593,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(o);
-      if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);                    // WG0 may write P of tile t+1
-      if (i + 2 < num_tiles) mbar_arrive(bar_empty + 16 * (i & 1) + 8);  // the producer may refill group A
+      if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // WG0 may write P of tile t+1
+      if (i + 2 < num_tiles) {
+        // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
+        // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
+        mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
+        issue_tile(t_begin + i + 2, slots);
+        fetch_slots(t_begin + i + 3, slots);
+      }
     }
     named_barrier(kBarFinal, 256);
     const float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
