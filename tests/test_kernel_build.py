@@ -129,3 +129,26 @@ def test_run_rejects_null_pointers_before_touching_the_gpu(report):
     params = abi.VerifyParams()
     rc = lib.kdtree_verify_run(ctypes.byref(params), None)
     assert rc != 0 and "NULL" in lib.kdtree_error_string(rc).decode()
+
+
+def test_hopper_qk_issue_uses_uniform_descriptors(report):
+    """h18: the role branches are warp-uniform to ptxas (the warpgroup index comes from a warp
+    reduction), so QK^T's K descriptor stays in uniform registers. A role index ptxas sees as
+    divergent brings back two R2UR before every QK^T wgmma (~7.5 instructions per wgmma, 239
+    registers, 1.3% slower on the GPU)."""
+    import subprocess  # noqa: PLC0415
+
+    tool = build.find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to read the SASS")
+    sass = subprocess.run([tool, "-sass", "-arch", "sm_90a", str(report.path)], capture_output=True, text=True,
+                          check=True).stdout
+    kernels = sass.split("Function : ")[1:]
+    hopper = [k for k in kernels if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
+    assert len(hopper) == 2
+    for body in hopper:
+        lines = [ln for ln in body.splitlines() if "/*" in ln and ";" in ln]  # instruction lines
+        qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
+        assert len(qk) == 36, "one QK^T block of 36 m64n64k16 wgmmas"
+        between = [ln.split(";")[0].strip() for ln in lines[qk[0]:qk[-1]] if "R2UR" in ln]
+        assert between == [], f"QK^T descriptors moved from regular registers: {between[:4]}"
