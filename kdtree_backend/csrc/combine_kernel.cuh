@@ -106,19 +106,20 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   }
 }
 
+template <class Cfg, class Lay>
+inline void launch_combine_layout(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
+  const dim3 grid((row_tiles * Cfg::kM + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
+  combine_splits_kernel<Cfg, Lay><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
+}
+
 // Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows (both
-// launchers); the caller checks cudaGetLastError.
+// launchers), in the layout the planned split count picks; the caller checks cudaGetLastError.
 template <class Cfg>
 inline void launch_combine(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
-  const int rows = row_tiles * Cfg::kM;
   if (p.num_splits >= kCombineQuarterMinSplits) {
-    using Lay = CombineQuarterRows;
-    const dim3 grid((rows + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
-    combine_splits_kernel<Cfg, Lay><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
+    launch_combine_layout<Cfg, CombineQuarterRows>(p, row_tiles, stream);
   } else {
-    using Lay = CombineWholeRows;
-    const dim3 grid((rows + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
-    combine_splits_kernel<Cfg, Lay><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
+    launch_combine_layout<Cfg, CombineWholeRows>(p, row_tiles, stream);
   }
 }
 

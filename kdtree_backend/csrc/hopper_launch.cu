@@ -18,14 +18,17 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
+// Both instantiations (h13: scales folded or applied as given): each needs the shared-memory
+// attribute and an image for the device. The folded one, last, is what SGLang's scales run.
+void (*const kKernels[])(KdtreeVerifyParams) = {verify_attention_hopper_kernel<false>,
+                                                verify_attention_hopper_kernel<true>};
+
 int ensure_smem_attribute(int device, char* err, size_t err_len) {
   static std::atomic<bool> done[kMaxDevices];
   if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire)) return KDTREE_OK;
-  cudaError_t e = cudaFuncSetAttribute(verify_attention_hopper_kernel<true>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, HopperConfig::kSmemBytes);
-  if (e == cudaSuccess) {
-    e = cudaFuncSetAttribute(verify_attention_hopper_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             HopperConfig::kSmemBytes);
+  cudaError_t e = cudaSuccess;
+  for (auto kernel : kKernels) {
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, HopperConfig::kSmemBytes);
   }
   if (e != cudaSuccess) {
     snprintf(err, err_len,
@@ -96,8 +99,10 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
 
 int probe(int device, char* msg, size_t msg_len) {
   cudaFuncAttributes attr;
-  cudaError_t e = cudaFuncGetAttributes(&attr, verify_attention_hopper_kernel<false>);  // both must have images
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, verify_attention_hopper_kernel<true>);
+  cudaError_t e = cudaSuccess;
+  for (auto kernel : kKernels) {  // both must have images; attr ends as the folded kernel's
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&attr, kernel);
+  }
   if (e != cudaSuccess) {
     cudaGetLastError();
     snprintf(msg, msg_len, "no Hopper (sm_90a) kernel image for device %d: %s", device, cudaGetErrorString(e));
