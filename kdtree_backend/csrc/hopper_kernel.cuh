@@ -333,6 +333,24 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
   }
 }
 
+// Diagnostics only (-DKDTREE_TIMELINE, never in a release build): threads 0 and 128 stamp
+// %globaltimer at the CTA's milestones into g_timeline (read by kdtree_timeline_copy), to see
+// where a short kernel's fixed time goes. A printf here would serialise every wgmma (C7510).
+#ifdef KDTREE_TIMELINE
+constexpr int kTimelineSlots = 10;
+constexpr int kTimelineCtas = 8192;
+__device__ unsigned long long g_timeline[kTimelineCtas * kTimelineSlots];
+__device__ __forceinline__ unsigned long long timeline_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define KDTREE_TL(k) \
+  if ((threadIdx.x & 127) == 0) tl[k] = timeline_now()
+#else
+#define KDTREE_TL(k)
+#endif
+
 // kFold (h13): the score and P scales are folded into the softmax's exp2 (positive, finite scales
 // only: the launcher picks the instantiation, so the hot loop has one softmax body either way).
 template <bool kFold>
@@ -350,8 +368,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   const int wg = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<unsigned>(tid >> 7)));  // 0: math, 1: helper
   const int warp_in_wg = (tid >> 5) & 3;
 
+#ifdef KDTREE_TIMELINE
+  __shared__ unsigned long long tl_wg1[2];
+  unsigned long long tl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#endif
+  KDTREE_TL(0);
   CtaWork cw;
   if (!cta_work<Cfg::kM, Cfg::kBN>(p, b, row_tile, split, cw)) return;
+  KDTREE_TL(1);
   const RequestView& req = cw.req;
   const SplitWork& w = cw.w;
   const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
@@ -408,6 +432,18 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       }
     }
   };
+  // -DKDTREE_L2_PREFETCH (experiment h20): one thread per key asks the copy engine to pull the
+  // next refill's rows into L2 a PV earlier than its cp.async, for shapes whose K comes from HBM.
+  auto prefetch_tile_l2 = [&](int tile, const int64_t (&slots)[4]) {
+    if (gather_chunk != 0 || tile >= t_end || tile >= w.prefix_tiles) return;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (slots[u] >= 0 && slots[u] < p.kv_num_slots) {
+        const __nv_bfloat16* src = kv + slots[u] * p.kv_stride_slot;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(kRowBytes) : "memory");
+      }
+    }
+  };
   auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
 #pragma unroll
@@ -447,10 +483,12 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       issue_tile(t_begin + 1, slots);
     }
     fetch_slots(t_begin + 2, slots);
+    KDTREE_TL(2);  // WG1: both first tiles issued
   }
   cp_async_wait<0>();  // this thread's Q group (the tiles' copies belong to no group)
   fence_proxy_async();
   __syncthreads();     // Q visible to everyone
+  KDTREE_TL(3);
 
   float o[128];
   const bool direct = w.active == 1;
@@ -478,6 +516,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
+#ifdef KDTREE_TIMELINE
+      if (i == 0) KDTREE_TL(4);
+#endif
       fence_proxy_async();
 
       // S = Q K^T over 36 k16 steps (4 per 64-column atom).
@@ -547,6 +588,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       wgmma_fence_operand(o);
       if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
     }
+    KDTREE_TL(5);
     // Row statistics for the helper and for the split combine.
     float inv_l[2];
 #pragma unroll
@@ -561,6 +603,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       }
     }
     named_barrier(kBarFinal, 256);  // also: both warpgroups are done with the K stages
+    KDTREE_TL(6);
     if (staged_store) {
       store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
     } else {
@@ -577,12 +620,33 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
         }
       }
     }
+#ifdef KDTREE_TIMELINE
+    KDTREE_TL(7);
+    named_barrier(kBarStore + 2, 256);  // WG1's stamps are in shared memory
+    const int cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (tid == 0 && cta < kTimelineCtas) {
+      unsigned long long* r = g_timeline + cta * kTimelineSlots;
+      r[0] = tl[0];
+      r[1] = tl[1];
+      r[2] = tl_wg1[0];
+      r[3] = tl[3];
+      r[4] = tl[4];
+      r[5] = tl[5];
+      r[6] = tl[6];
+      r[7] = tl[7];
+      r[8] = tl_wg1[1];
+      r[9] = static_cast<unsigned long long>(num_tiles);
+    }
+#endif
   } else {
     // =========================== helper warpgroup ===========================
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int i = 0; i < num_tiles; ++i) {
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
+#ifdef KDTREE_L2_PREFETCH
+      prefetch_tile_l2(t_begin + i + 2, slots);  // this iteration's refill (its slots were fetched an iteration ago)
+#endif
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
       named_barrier(kBarPFull, 256);
       fence_proxy_async();
@@ -613,6 +677,13 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     } else {
       store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, direct);
     }
+#ifdef KDTREE_TIMELINE
+    if (tid == 128) {
+      tl_wg1[0] = tl[2];
+      tl_wg1[1] = timeline_now();
+    }
+    named_barrier(kBarStore + 2, 256);
+#endif
   }
 }
 

@@ -122,3 +122,10 @@ int probe(int device, char* msg, size_t msg_len) {
 
 }  // namespace hopper
 }  // namespace kdtree
+
+#ifdef KDTREE_TIMELINE
+// Diagnostics build only: copies the Hopper kernel's per-CTA milestone stamps (bench/timeline.py).
+extern "C" __attribute__((visibility("default"))) int kdtree_timeline_copy(void* host, size_t bytes) {
+  return static_cast<int>(cudaMemcpyFromSymbol(host, kdtree::hopper::g_timeline, bytes));
+}
+#endif
