@@ -318,6 +318,25 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
           pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
     }
   }
+#ifdef KDTREE_STAGED_STG  // experiment h21a: coalesced 16-byte stores from the staged rows, no copy engine
+  named_barrier(kBarStore + col_half, 128);
+  {
+    const int H = p.num_heads;
+#pragma unroll 4
+    for (int it = 0; it < HopperConfig::kM * 32 / 128; ++it) {
+      const int idx = it * 128 + thread_in_wg;  // a warp: one row's 32 chunks of 16 bytes
+      const int row = idx >> 5, chunk = idx & 31;
+      const int r = row_tile * HopperConfig::kM + row;
+      if (r < req.n * H) {
+        const int tok = r / H, head = r - tok * H;
+        const uint4 v = *reinterpret_cast<const uint4*>(base + row * kPitch + chunk * 16);
+        *reinterpret_cast<uint4*>(reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
+                                  static_cast<int64_t>(head) * kVDim + col_half * 256 + chunk * 8) = v;
+      }
+    }
+  }
+  return;
+#endif
   fence_proxy_async();  // the rows, written by the generic proxy, are read by the copy engine
   named_barrier(kBarStore + col_half, 128);
   const int j = thread_in_wg;
@@ -404,6 +423,19 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   }
   // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
   auto load_q = [&]() {
+#ifdef KDTREE_Q_FULL_LINES  // experiment h21c: a warp instruction copies 4 whole 128-byte lines (rows tid/8, +32)
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int row = (tid >> 3) + 32 * pass;
+      bool valid;
+      const __nv_bfloat16* src = q_row_src(p, req, row_tile * Cfg::kM + row, rows, valid);
+#pragma unroll
+      for (int a = 0; a < Cfg::kAtoms; ++a) {
+        const int c = 8 * a + (tid & 7);
+        cp_async_16(sQ + a * Cfg::kAtomBytes + swizzled(row, c), src + c * 8, valid);
+      }
+    }
+#else
     const int row = tid >> 2;
     bool valid;
     const __nv_bfloat16* src = q_row_src(p, req, row_tile * Cfg::kM + row, rows, valid);
@@ -412,6 +444,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       const int c = (tid & 3) + 4 * u;
       cp_async_16(sQ + (c >> 3) * Cfg::kAtomBytes + swizzled(row, c), src + c * 8, valid);
     }
+#endif
     cp_async_commit();
   };
 
@@ -478,11 +511,15 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
     issue_tile(t_begin, slots);
+#ifdef KDTREE_LATE_TILE1  // experiment h21b: tile 1 waits until Q has landed (a smaller first burst)
+    fetch_slots(t_begin + 1, slots);
+#else
     if (t_begin + 1 < t_end) {
       fetch_slots(t_begin + 1, slots);
       issue_tile(t_begin + 1, slots);
     }
     fetch_slots(t_begin + 2, slots);
+#endif
     KDTREE_TL(2);  // WG1: both first tiles issued
   }
   cp_async_wait<0>();  // this thread's Q group (the tiles' copies belong to no group)
@@ -640,6 +677,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 #endif
   } else {
     // =========================== helper warpgroup ===========================
+#ifdef KDTREE_LATE_TILE1
+    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots);
+    fetch_slots(t_begin + 2, slots);
+#endif
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int i = 0; i < num_tiles; ++i) {
