@@ -28,7 +28,7 @@ from kdtree_backend.ops import verify_attention  # noqa: E402
 
 SLOTS, CTAS = 10, 8192
 # (name, slot): slot 2 and 8 are WG1's, the rest WG0's (thread 0).
-MILESTONES = (("request loaded", 1), ("WG1 issued tiles 0-1", 2), ("Q visible", 3), ("K tile 0 landed", 4),
+MILESTONES = (("request loaded", 1), ("WG1 prologue tiles out", 2), ("Q visible", 3), ("K tile 0 landed", 4),
               ("tile loop done", 5), ("final barrier", 6), ("WG0 output stored", 7), ("WG1 output stored", 8))
 
 

@@ -318,25 +318,6 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
           pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
     }
   }
-#ifdef KDTREE_STAGED_STG  // experiment h21a: coalesced 16-byte stores from the staged rows, no copy engine
-  named_barrier(kBarStore + col_half, 128);
-  {
-    const int H = p.num_heads;
-#pragma unroll 4
-    for (int it = 0; it < HopperConfig::kM * 32 / 128; ++it) {
-      const int idx = it * 128 + thread_in_wg;  // a warp: one row's 32 chunks of 16 bytes
-      const int row = idx >> 5, chunk = idx & 31;
-      const int r = row_tile * HopperConfig::kM + row;
-      if (r < req.n * H) {
-        const int tok = r / H, head = r - tok * H;
-        const uint4 v = *reinterpret_cast<const uint4*>(base + row * kPitch + chunk * 16);
-        *reinterpret_cast<uint4*>(reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
-                                  static_cast<int64_t>(head) * kVDim + col_half * 256 + chunk * 8) = v;
-      }
-    }
-  }
-  return;
-#endif
   fence_proxy_async();  // the rows, written by the generic proxy, are read by the copy engine
   named_barrier(kBarStore + col_half, 128);
   const int j = thread_in_wg;
@@ -422,8 +403,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     mbar_init(bar_empty + 8, 128);
   }
   // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
+  // h21c: a warp instruction copies 4 whole 128-byte lines (rows tid/8 and +32, chunk tid & 7 of each
+  // atom), as the gather does; 8 rows x 64 bytes before (-DKDTREE_Q_HALF_LINES).
   auto load_q = [&]() {
-#ifdef KDTREE_Q_FULL_LINES  // experiment h21c: a warp instruction copies 4 whole 128-byte lines (rows tid/8, +32)
+#ifndef KDTREE_Q_HALF_LINES
 #pragma unroll
     for (int pass = 0; pass < 2; ++pass) {
       const int row = (tid >> 3) + 32 * pass;
@@ -465,18 +448,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       }
     }
   };
-  // -DKDTREE_L2_PREFETCH (experiment h20): one thread per key asks the copy engine to pull the
-  // next refill's rows into L2 a PV earlier than its cp.async, for shapes whose K comes from HBM.
-  auto prefetch_tile_l2 = [&](int tile, const int64_t (&slots)[4]) {
-    if (gather_chunk != 0 || tile >= t_end || tile >= w.prefix_tiles) return;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      if (slots[u] >= 0 && slots[u] < p.kv_num_slots) {
-        const __nv_bfloat16* src = kv + slots[u] * p.kv_stride_slot;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(kRowBytes) : "memory");
-      }
-    }
-  };
   auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
 #pragma unroll
@@ -500,7 +471,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
-  // waiting for Q, the first two K tiles (tracked by their mbarriers only).
+  // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
+  // (h21b): every CTA of a wave pulls Q and its first tiles at once, and a first burst of Q +
+  // one tile lands ~1 µs sooner than Q + two (-DKDTREE_PROLOGUE_TWO_TILES: both at once, as before).
   int64_t slots[4];
   if (wg == 1) fetch_slots(t_begin, slots);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
@@ -511,7 +484,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
     issue_tile(t_begin, slots);
-#ifdef KDTREE_LATE_TILE1  // experiment h21b: tile 1 waits until Q has landed (a smaller first burst)
+#ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
     fetch_slots(t_begin + 1, slots);
 #else
     if (t_begin + 1 < t_end) {
@@ -520,7 +493,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     }
     fetch_slots(t_begin + 2, slots);
 #endif
-    KDTREE_TL(2);  // WG1: both first tiles issued
+    KDTREE_TL(2);  // WG1: the prologue's tiles issued
   }
   cp_async_wait<0>();  // this thread's Q group (the tiles' copies belong to no group)
   fence_proxy_async();
@@ -677,7 +650,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 #endif
   } else {
     // =========================== helper warpgroup ===========================
-#ifdef KDTREE_LATE_TILE1
+#ifndef KDTREE_PROLOGUE_TWO_TILES  // tile 1, now that Q has landed
     if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots);
     fetch_slots(t_begin + 2, slots);
 #endif
@@ -685,9 +658,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int i = 0; i < num_tiles; ++i) {
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-#ifdef KDTREE_L2_PREFETCH
-      prefetch_tile_l2(t_begin + i + 2, slots);  // this iteration's refill (its slots were fetched an iteration ago)
-#endif
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
       named_barrier(kBarPFull, 256);
       fence_proxy_async();
