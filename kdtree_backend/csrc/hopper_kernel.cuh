@@ -345,10 +345,14 @@ __device__ __forceinline__ unsigned long long timeline_now() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define KDTREE_TL(k) \
-  if ((threadIdx.x & 127) == 0) tl[k] = timeline_now()
+#define KDTREE_TL(k)                                 \
+  do {                                               \
+    if ((threadIdx.x & 127) == 0) tl[k] = timeline_now(); \
+  } while (0)
 #else
-#define KDTREE_TL(k)
+#define KDTREE_TL(k) \
+  do {                 \
+  } while (0)
 #endif
 
 // kFold (h13): the score and P scales are folded into the softmax's exp2 (positive, finite scales
