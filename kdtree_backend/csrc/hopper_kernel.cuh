@@ -59,17 +59,7 @@ static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0
 constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
 constexpr int kBarFinal = 4;
-constexpr int kBarStats = 3;  // h22: the rows' 1/l and lse are in shared memory (WG0 -> WG1)
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
-
-// h22: WG0 writes the rows' 1/l and lse while its last PV runs and WG1 stores its half of O right
-// after its own last PV, into the part of the idle stages WG0's last PV does not read, instead of
-// both warpgroups waiting for a final barrier first (-DKDTREE_FINAL_BARRIER_EPILOGUE, before).
-#ifdef KDTREE_FINAL_BARRIER_EPILOGUE
-constexpr bool kEarlyStats = false;
-#else
-constexpr bool kEarlyStats = true;
-#endif
 
 // WG1 rescales its half of O only when a row of its warp moved its max, as WG0 does (h15): 128
 // FMULs a tile fewer on the schedulers WG0's softmax issues on. A/B: -DKDTREE_WG1_ALWAYS_RESCALE.
@@ -269,23 +259,6 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
 __device__ __forceinline__ void rescale(float (&o)[128], const float (&alpha)[2]) {
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-}
-
-// WG0's final row statistics: 1/l for both halves' normalisation and the log2-sum-exp for the split
-// combine, to shared memory (one lane of each quad).
-__device__ __forceinline__ void write_row_stats(const SoftmaxState& st, float (&inv_l)[2], int lane, int row_in_tile0,
-                                                float* s_inv_l, float* s_lse) {
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float l = st.l[rr];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv_l[rr] = l > 0.f ? 1.f / l : 0.f;
-    if ((lane & 3) == 0) {
-      s_inv_l[row_in_tile0 + 8 * rr] = inv_l[rr];
-      s_lse[row_in_tile0 + 8 * rr] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
-    }
-  }
 }
 
 // Writes this thread's 2 rows x 256 columns of O (already normalised by 1/l) to `out` (bf16) or to
@@ -545,7 +518,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   if (wg == 0) {
     // =========================== math warpgroup ===========================
     SoftmaxState st;
-    float inv_l[2];  // the rows' final 1 / l
     st.m[0] = st.m[1] = -CUDART_INF_F;
     st.l[0] = st.l[1] = 0.f;
 #pragma unroll
@@ -626,17 +598,24 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
       wgmma_commit();
-      if (kEarlyStats && i + 1 == num_tiles) {  // the last tile: the statistics are final, WG1 may store
-        write_row_stats(st, inv_l, lane, row_in_tile0, s_inv_l, s_lse);
-        named_arrive(kBarStats, 256);
-      }
       wgmma_wait<0>();
       wgmma_fence_operand(o);
       if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
     }
     KDTREE_TL(5);
-    // Row statistics for the helper and for the split combine (h22: already written in the last tile).
-    if (!kEarlyStats) write_row_stats(st, inv_l, lane, row_in_tile0, s_inv_l, s_lse);
+    // Row statistics for the helper and for the split combine.
+    float inv_l[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float l = st.l[rr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv_l[rr] = l > 0.f ? 1.f / l : 0.f;
+      if ((lane & 3) == 0) {
+        s_inv_l[row_in_tile0 + 8 * rr] = inv_l[rr];
+        s_lse[row_in_tile0 + 8 * rr] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
+      }
+    }
     named_barrier(kBarFinal, 256);  // also: both warpgroups are done with the K stages
     KDTREE_TL(6);
     if (staged_store) {
@@ -706,16 +685,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
         fetch_slots(t_begin + i + 3, slots);
       }
     }
-    // h22: WG0's last PV reads only V columns 0-255 (atoms 0-3 of its stage: bytes 0-32,767 of
-    // stage 0 or 73,728-106,495 of stage 1), so this half's staging rows (bytes 33,792-67,583)
-    // are idle now; WG0 stages its own half (bytes 0-33,791, which reach into atom 4 of stage 0,
-    // read by our last PV) only after the final barrier we arrive on here.
-    if (kEarlyStats) {
-      named_arrive(kBarFinal, 256);
-      named_barrier(kBarStats, 256);
-    } else {
-      named_barrier(kBarFinal, 256);
-    }
+    named_barrier(kBarFinal, 256);
     const float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
     if (staged_store) {
       store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
