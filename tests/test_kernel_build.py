@@ -152,3 +152,30 @@ def test_hopper_qk_issue_uses_uniform_descriptors(report):
         assert len(qk) == 36, "one QK^T block of 36 m64n64k16 wgmmas"
         between = [ln.split(";")[0].strip() for ln in lines[qk[0]:qk[-1]] if "R2UR" in ln]
         assert between == [], f"QK^T descriptors moved from regular registers: {between[:4]}"
+
+
+def test_hopper_ab_switches_named_in_the_docs_exist_in_the_source():
+    """docs/hopper-path.md lists the compile flags that rebuild an earlier form of one step (for the
+    device A/B runs): each must still be read by the kernel source, or an A/B run would silently
+    time the default build twice."""
+    import re
+    from pathlib import Path
+
+    root = Path(build.PACKAGE_DIR).parent
+    doc = (root / "docs" / "hopper-path.md").read_text()
+    listed = doc[doc.index("A/B switches"):doc.index("## Shape of the kernel")]  # not the history below
+    switches = set(re.findall(r"-D(KDTREE_[A-Z0-9_]+)", listed))
+    assert {"KDTREE_PROLOGUE_TWO_TILES", "KDTREE_Q_HALF_LINES", "KDTREE_TIMELINE"} <= switches
+    source = "".join(p.read_text() for p in build.CSRC_DIR.iterdir() if p.suffix in (".cu", ".cuh", ".h"))
+    missing = [s for s in sorted(switches) if not re.search(rf"#\s*if(n?def)?\s+!?\s*(defined\()?{s}\b", source)]
+    assert missing == []
+
+
+def test_timeline_diagnostics_build_exports_its_reader_and_the_release_build_does_not(report, tmp_path):
+    """bench/timeline.py reads the per-CTA stamps through kdtree_timeline_copy, which only a
+    -DKDTREE_TIMELINE build has (hopper_kernel.cuh); a release library must not carry it."""
+    diag = build.build(tmp_path / abi.LIB_FILENAME, archs=(90,), extra_flags=("-DKDTREE_TIMELINE",))
+    assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_timeline_copy")
+    hopper = [r for r in diag.resources if "verify_attention_hopper" in r.kernel]
+    assert len(hopper) == 2 and all(r.spill_stores == r.spill_loads == 0 for r in hopper)
+    assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_timeline_copy")
