@@ -267,6 +267,10 @@ def parse_args(argv=None):
     ap.add_argument("--time-limit", type=float, default=270.0, help="stop starting new shapes after this many seconds (default 270)")
     ap.add_argument("--commit", default=None, help="commit id to record (default: git, else $KDTREE_COMMIT)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slots", choices=("random", "contiguous"), default="random",
+                    help="prefix slot order in SGLang's page-size-1 cache: random (default, a fragmented pool) "
+                         "or contiguous (each request's rows in consecutive slots, DRAM-friendly), to separate "
+                         "the cost of slot order from the kernel's")
     a = ap.parse_args(argv)
     if a.shapes is not None:
         try:
@@ -463,6 +467,18 @@ def call_verify_mla(vm, b, o):
     return o
 
 
+def make_slots_contiguous(batch):
+    """Give every request's prefix consecutive cache slots (1, 2, ...; slot 0 stays SGLang's dummy
+    slot), keeping the trailing garbage entries of kv_indices. The cache rows are random either
+    way, so the batch stays a valid input, and its reference follows the new indices."""
+    import torch
+
+    total = int(batch.kv_indptr[-1])
+    idx = batch.kv_indices
+    idx[:total] = torch.arange(1, total + 1, dtype=idx.dtype, device=idx.device)
+    return batch
+
+
 def run_shape(torch, s: Shape, impls, args, ceil, mods):
     from kdtree_backend.reference import make_verify_batch, relative_error, verify_attention_reference
 
@@ -478,6 +494,8 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
             [s.L] * s.B, num_heads=s.H, draft_lens=s.n, mask="tree", mask_dtype=torch.uint8,
             qo_indptr_dtype=torch.int64, kv_indptr_dtype=torch.int32, prefix_mask_fill="ones",
             pool_factor=1.25, extra_indices=64, seed=args.seed * 1000003 + hash(s) % 100003 + i, device=DEVICE))
+        if args.slots == "contiguous":
+            make_slots_contiguous(batches[-1])
     b0 = batches[0]
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed + 17)
 

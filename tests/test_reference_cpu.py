@@ -390,6 +390,24 @@ def test_bench_grid_and_args():
     assert bv.parse_args(["--shapes", "1,8,16,64"]).shapes == [bv.Shape(1, 8, 16, 64)]
 
 
+def test_bench_contiguous_slots_keep_the_batch_valid():
+    """--slots contiguous (hopper-path.md: separating slot order from the kernel on the HBM-bound
+    shapes): consecutive prefix slots from 1, the garbage tail untouched, the reference follows."""
+    bv = _load_bench("bench_verify")
+    assert bv.parse_args([]).slots == "random" and bv.parse_args(["--slots", "contiguous"]).slots == "contiguous"
+    b = make_verify_batch([40, 70, 3], num_heads=4, draft_lens=3, extra_indices=5, seed=11)
+    total = int(b.kv_indptr[-1])
+    tail = b.kv_indices[total:].clone()
+    assert not torch.equal(b.kv_indices[:total], torch.arange(1, total + 1))  # random to begin with
+    ref_random = b.reference()
+    bv.make_slots_contiguous(b)
+    assert torch.equal(b.kv_indices[:total], torch.arange(1, total + 1, dtype=b.kv_indices.dtype))
+    assert torch.equal(b.kv_indices[total:], tail)
+    ref_contig = b.reference()
+    assert ref_contig.shape == ref_random.shape and bool(torch.isfinite(ref_contig).all())
+    assert not torch.equal(ref_contig, ref_random)  # other cache rows now: the reference followed
+
+
 def test_bench_roofline_arithmetic():
     bv = _load_bench("bench_verify")
     s = bv.Shape(B=8, H=16, n=64, L=8192)
