@@ -530,9 +530,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
-#ifdef KDTREE_TIMELINE
       if (i == 0) KDTREE_TL(4);
-#endif
       fence_proxy_async();
 
       // S = Q K^T over 36 k16 steps (4 per 64-column atom).
