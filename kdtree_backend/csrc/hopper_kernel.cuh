@@ -21,6 +21,7 @@
 // empty = mbarrier WG0's threads arrive on after their PV of the stage; P full / P free = named
 // barriers between the two warpgroups, in strict alternation (docs/hopper-path.md).
 #pragma once
+#include <cuda.h>  // CUtensorMap (the type only: the map is encoded on the host, hopper_launch.cu)
 #include <cuda_bf16.h>
 #include <math_constants.h>
 #include <stdint.h>
@@ -49,7 +50,8 @@ struct HopperConfig {
   static constexpr int kLseOff = kInvLOff + 64 * 4;     // float[64]: log2-sum-exp at the end
   static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
   static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
-  static constexpr int kSmemBytes = kEmptyBarOff + kStages * 8;
+  static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
+  static constexpr int kSmemBytes = kQBarOff + 8;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
@@ -120,6 +122,25 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
 }
+// h23: Q by the tensor copy engine. One thread arms the barrier with the bytes to expect and issues
+// the boxes; everyone waits on its phase 0. The map (a __grid_constant__ parameter) is addressed
+// generically, as the PTX ISA allows for kernel parameters.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
 __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -357,8 +378,13 @@ __device__ __forceinline__ unsigned long long timeline_now() {
 
 // kFold (h13): the score and P scales are folded into the softmax's exp2 (positive, finite scales
 // only: the launcher picks the instantiation, so the hot loop has one softmax body either way).
+// q_map / q_tma (h23): when the launcher could encode q as a {576, H, tokens} tensor map whose
+// 64-column x 64-row box is one row tile (H divides 64, or 64 divides H), q_tma is 1 and every row
+// tile wholly inside its request loads Q with nine TMA boxes; otherwise (and for a tile with
+// padding rows) Q comes through cp.async, which zero-fills the padding rows.
 template <bool kFold>
-__global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_hopper_kernel(const KdtreeVerifyParams p) {
+__global__ void __launch_bounds__(HopperConfig::kThreads, 1)
+    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
   using Cfg = HopperConfig;
   const int row_tile = blockIdx.x;
   const int split = blockIdx.y;
@@ -377,6 +403,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   unsigned long long tl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #endif
   KDTREE_TL(0);
+  if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
   CtaWork cw;
   if (!cta_work<Cfg::kM, Cfg::kBN>(p, b, row_tile, split, cw)) return;
   KDTREE_TL(1);
@@ -400,11 +427,25 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
   const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
 
+  const uint32_t bar_q = smem + Cfg::kQBarOff;
+  // A tile wholly inside the request: its 64 rows are 64 / H whole tokens from token row0 / H (H
+  // divides 64), or heads row0 % H .. + 63 of one token (64 divides H), so one box of the map is
+  // the tile's 64 rows of one 64-column atom, in the swizzled layout wgmma reads.
+  const bool tma_q = q_tma != 0 && (row_tile + 1) * Cfg::kM <= rows && req.q0 + req.n <= 0x7fffffff;  // int32 coordinates
   if (tid == 0) {
     mbar_init(bar_full, 128);
     mbar_init(bar_full + 8, 128);
     mbar_init(bar_empty, 128);
     mbar_init(bar_empty + 8, 128);
+    mbar_init(bar_q, 1);
+    fence_mbarrier_init();  // the copy engine sees the initialised barrier
+    if (tma_q) {
+      const int r0 = row_tile * Cfg::kM;
+      const int tok = static_cast<int>(req.q0) + r0 / p.num_heads, head = r0 % p.num_heads;
+      mbar_arrive_expect_tx(bar_q, Cfg::kBlockBytes);
+#pragma unroll
+      for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_3d(sQ + a * Cfg::kAtomBytes, &q_map, bar_q, a * 64, head, tok);
+    }
   }
   // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
   // h21c: a warp instruction copies 4 whole 128-byte lines (rows tid/8 and +32, chunk tid & 7 of each
@@ -481,7 +522,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
   int64_t slots[4];
   if (wg == 1) fetch_slots(t_begin, slots);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
-  load_q();
+  if (!tma_q) load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
   uint32_t first_bits[2] = {0u, 0u};
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
@@ -499,9 +540,13 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1) verify_attention_ho
 #endif
     KDTREE_TL(2);  // WG1: the prologue's tiles issued
   }
-  cp_async_wait<0>();  // this thread's Q group (the tiles' copies belong to no group)
-  fence_proxy_async();
-  __syncthreads();     // Q visible to everyone
+  if (tma_q) {
+    mbar_wait(bar_q, 0);  // the copy engine's writes are visible to wgmma once the phase completes
+  } else {
+    cp_async_wait<0>();  // this thread's Q group (the tiles' copies belong to no group)
+    fence_proxy_async();
+  }
+  __syncthreads();  // Q visible to everyone
   KDTREE_TL(3);
 
   float o[128];

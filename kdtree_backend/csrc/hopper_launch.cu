@@ -1,6 +1,8 @@
 // Host side of the Hopper configuration. This file is compiled for sm_90a only
 // (-gencode=arch=compute_90a,code=sm_90a): wgmma exists on no other target, and a kernel that
 // has no image for a GPU fails loudly at cudaFuncSetAttribute instead of running a stub.
+#include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -20,7 +22,7 @@ constexpr int kMaxDevices = 64;
 
 // Both instantiations (h13: scales folded or applied as given): each needs the shared-memory
 // attribute and an image for the device. The folded one, last, is what SGLang's scales run.
-void (*const kKernels[])(KdtreeVerifyParams) = {verify_attention_hopper_kernel<false>,
+void (*const kKernels[])(KdtreeVerifyParams, CUtensorMap, int) = {verify_attention_hopper_kernel<false>,
                                                 verify_attention_hopper_kernel<true>};
 
 int ensure_smem_attribute(int device, char* err, size_t err_len) {
@@ -53,6 +55,59 @@ bool fold_scales(const KdtreeVerifyParams& p) {
 #endif
 }
 
+// h23: Q's tensor map. The driver's encoder is resolved once through the runtime (no libcuda link);
+// the probe fails the start-up when it is missing, so a launch never runs without it unnoticed.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static std::atomic<PFN_cuTensorMapEncodeTiled_v12000> fn{nullptr};
+  PFN_cuTensorMapEncodeTiled_v12000 f = fn.load(std::memory_order_acquire);
+  if (f == nullptr) {
+    void* sym = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &sym, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess && sym != nullptr) {
+      f = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(sym);
+      fn.store(f, std::memory_order_release);
+    } else {
+      cudaGetLastError();
+    }
+  }
+  return f;
+}
+
+// q [T, H, 576] as a 3-d map {576 columns, H heads, tokens} with q's strides, box {64 columns, bh
+// heads, bt tokens} = one row tile's 64 rows of one 64-column atom (128-byte swizzle). The token
+// extent is the int32 coordinate range: the kernel only asks for rows of tiles wholly inside their
+// request, which q holds. false (the cp.async path) when H neither divides nor is a multiple of 64,
+// or when the encoder refuses q's layout; -DKDTREE_Q_CP_ASYNC (A/B only) always says false.
+bool encode_q_map(const KdtreeVerifyParams& p, CUtensorMap* map) {
+#ifdef KDTREE_Q_CP_ASYNC
+  (void)p;
+  (void)map;
+  return false;
+#else
+  const int H = p.num_heads;
+  cuuint32_t bh, bt;
+  if (H <= HopperConfig::kM && HopperConfig::kM % H == 0) {
+    bh = static_cast<cuuint32_t>(H);
+    bt = static_cast<cuuint32_t>(HopperConfig::kM / H);
+  } else if (H % HopperConfig::kM == 0) {
+    bh = HopperConfig::kM;
+    bt = 1;
+  } else {
+    return false;
+  }
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(H), 0x7fffffffull};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.q_stride_head) * 2, static_cast<cuuint64_t>(p.q_stride_tok) * 2};
+  const cuuint32_t box[3] = {64, bh, bt};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<void*>(p.q), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+#endif
+}
+
 }  // namespace
 
 static_assert(kRowsPerTile == HopperConfig::kM, "hopper_launch.h and the kernel disagree on the row tile");
@@ -75,10 +130,13 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     return KDTREE_ERR_UNSUPPORTED;
   }
   dim3 grid(row_tiles, p.num_splits, p.batch);
+  CUtensorMap q_map;
+  memset(&q_map, 0, sizeof(q_map));
+  const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;
   if (fold_scales(p)) {
-    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p);
+    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
   } else {
-    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p);
+    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
   }
   e = cudaGetLastError();
   if (e != cudaSuccess) {
@@ -115,8 +173,30 @@ int probe(int device, char* msg, size_t msg_len) {
              optin, HopperConfig::kSmemBytes);
     return KDTREE_ERR_UNSUPPORTED;
   }
-  snprintf(msg, msg_len, "Hopper kernel: sm_%d binary, %d registers/thread, %d B dynamic shared memory, %d local bytes",
-           attr.binaryVersion, attr.numRegs, HopperConfig::kSmemBytes, static_cast<int>(attr.localSizeBytes));
+  // h23: the driver must encode Q's tensor map for SGLang's layout (q [T, 16, 576] contiguous); the
+  // encoder reads no memory, so an aligned dummy address stands in for q.
+  KdtreeVerifyParams sample;
+  memset(&sample, 0, sizeof(sample));
+  sample.q = reinterpret_cast<const void*>(static_cast<uintptr_t>(1) << 20);
+  sample.num_heads = 16;
+  sample.q_stride_head = kQkDim;
+  sample.q_stride_tok = 16 * kQkDim;
+  CUtensorMap map;
+#ifdef KDTREE_Q_CP_ASYNC
+  const char* q_path = "Q by cp.async (A/B build)";
+#else
+  if (!encode_q_map(sample, &map)) {
+    snprintf(msg, msg_len,
+             "the CUDA driver cannot encode the Hopper kernel's Q tensor map (cuTensorMapEncodeTiled %s): update the "
+             "NVIDIA driver to one that supports CUDA 12.0 or later, or set KDTREE_KERNEL=portable",
+             tensor_map_encoder() == nullptr ? "not found" : "refused a [T, 16, 576] bf16 layout");
+    return KDTREE_ERR_UNSUPPORTED;
+  }
+  const char* q_path = "Q by TMA";
+#endif
+  (void)map;
+  snprintf(msg, msg_len, "Hopper kernel: sm_%d binary, %d registers/thread, %d B dynamic shared memory, %d local bytes, %s",
+           attr.binaryVersion, attr.numRegs, HopperConfig::kSmemBytes, static_cast<int>(attr.localSizeBytes), q_path);
   return KDTREE_OK;
 }
 

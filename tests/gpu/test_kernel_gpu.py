@@ -305,6 +305,34 @@ def test_layouts_and_out_none(ops):
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("H,n", [(8, 16), (128, 3), (5, 13)], ids=["H8-tokens-per-box", "H128-heads-per-box", "H5-no-box"])
+def test_strided_q_view(ops, H, n):
+    """q as a view into a wider buffer, NaN around it (head stride 640, token stride (H+3)*640):
+    the Hopper kernel's Q tensor map (h23) is built from q's own strides, H=8 boxes whole tokens,
+    H=128 boxes 64 heads of a token, H=5 takes the cp.async path. A read outside the view brings a
+    NaN into covered rows; the result must equal the contiguous q's bit for bit."""
+    batch = make_verify_batch([100, 7, 1500], num_heads=H, draft_lens=n, mask="tree", mask_dtype=U8, seed=91,
+                              device=DEV, index_garbage=GARBAGE)
+    T = batch.q.shape[0]
+    wide = torch.full((T, H + 3, 640), float("nan"), dtype=torch.bfloat16, device=DEV)
+    wide[:, 1:H + 1, :576] = batch.q
+    qv = wide[:, 1:H + 1, :576]
+    assert qv.stride() == ((H + 3) * 640, 640, 1) and torch.equal(qv, batch.q)
+    out = _poisoned(batch)
+    ops.verify_attention(qv, *batch.args()[1:], **batch.kwargs(), out=out)
+    _check_against_reference(batch, out, what="op on a strided q view")
+    contiguous = _run(ops, batch)
+    torch.cuda.synchronize()
+    assert torch.equal(out, contiguous), f"strided and contiguous q differ: {batch.describe()}"
+
+
+def test_probe_reports_the_q_path(ops, kernel_path):
+    """On a Hopper GPU the probe also checks that the driver encodes the Q tensor map (h23) and says so."""
+    if kernel_path != "hopper":
+        pytest.skip("the Q tensor map belongs to the Hopper kernel")
+    assert "Q by TMA" in ops.probe_device(torch.cuda.current_device())
+
+
 @pytest.mark.parametrize("where", ["ptr", "stride"])
 def test_out_rows_on_8_byte_boundaries_only(ops, where):
     """The kernels hand 16-byte aligned output rows to the copy engine from shared memory; an `out`
