@@ -48,19 +48,12 @@ struct HopperConfig {
   static constexpr int kAlphaOff = kPOff + kAtomBytes;  // float[64]: this tile's O rescale factors
   static constexpr int kInvLOff = kAlphaOff + 64 * 4;   // float[64]: 1 / row sum at the end
   static constexpr int kLseOff = kInvLOff + 64 * 4;     // float[64]: log2-sum-exp at the end
-#ifdef KDTREE_K_ONE_BARRIER  // A/B only: one full barrier a stage (before h24)
-  static constexpr int kKGroups = 1;
-#else
-  static constexpr int kKGroups = 3;  // h24: a stage lands in 3 groups of 3 column atoms, each with its barrier
-#endif
-  static constexpr int kAtomsPerGroup = kAtoms / kKGroups;
-  static constexpr int kBarOff = kLseOff + 64 * 4;  // uint64[2][kKGroups]: K stage full mbarriers, per atom group
-  static constexpr int kEmptyBarOff = kBarOff + kStages * kKGroups * 8;  // uint64[2]: K stage empty (WG0 done)
+  static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
+  static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
   static constexpr int kSmemBytes = kQBarOff + 8;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
-static_assert(HopperConfig::kAtoms % HopperConfig::kKGroups == 0, "atom groups must split the 9 atoms evenly");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
               "128-byte swizzle atoms must start on 1024-byte boundaries");
 
@@ -427,7 +420,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   float* s_alpha = reinterpret_cast<float*>(g_hopper_smem + Cfg::kAlphaOff);
   float* s_inv_l = reinterpret_cast<float*>(g_hopper_smem + Cfg::kInvLOff);
   float* s_lse = reinterpret_cast<float*>(g_hopper_smem + Cfg::kLseOff);
-  const uint32_t bar_full = smem + Cfg::kBarOff;        // + 8 * (stage * kKGroups + group)
+  const uint32_t bar_full = smem + Cfg::kBarOff;        // + 8 * stage
   const uint32_t bar_empty = smem + Cfg::kEmptyBarOff;  // + 8 * stage
 
   const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
@@ -440,8 +433,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   // the tile's 64 rows of one 64-column atom, in the swizzled layout wgmma reads.
   const bool tma_q = q_tma != 0 && (row_tile + 1) * Cfg::kM <= rows && req.q0 + req.n <= 0x7fffffff;  // int32 coordinates
   if (tid == 0) {
-#pragma unroll
-    for (int k = 0; k < Cfg::kStages * Cfg::kKGroups; ++k) mbar_init(bar_full + 8 * k, 128);
+    mbar_init(bar_full, 128);
+    mbar_init(bar_full + 8, 128);
     mbar_init(bar_empty, 128);
     mbar_init(bar_empty + 8, 128);
     mbar_init(bar_q, 1);
@@ -500,37 +493,26 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
     }
   };
-  // h24: the copies go out group by group (3 atoms of all 4 keys), each group closed by an arrival on
-  // its own barrier, so WG0 can start QK^T on the first atoms while the last ones are in flight.
   auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
-    const int stage = (tile - t_begin) & 1;
-    const uint32_t dst_base = sK + stage * Cfg::kBlockBytes;
-    const __nv_bfloat16* src[4];
-    bool valid[4];
+    const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int key_local = gather_key0 + 16 * u;
+      const __nv_bfloat16* src;
+      bool valid;
       if (tile < w.prefix_tiles) {
-        valid[u] = slots[u] >= 0 && slots[u] < p.kv_num_slots;  // out of range reads as zeros
-        src[u] = kv + (valid[u] ? slots[u] : 0) * p.kv_stride_slot + gather_chunk * 8;
+        valid = slots[u] >= 0 && slots[u] < p.kv_num_slots;  // out of range reads as zeros
+        src = kv + (valid ? slots[u] : 0) * p.kv_stride_slot;
       } else {
         const int c = (tile - w.prefix_tiles) * Cfg::kBN + key_local;
-        valid[u] = c < req.n;
-        src[u] = kd + (req.q0 + (valid[u] ? c : 0)) * p.k_stride_tok + gather_chunk * 8;
+        valid = c < req.n;
+        src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
       }
+      const uint32_t dst = dst_base + swizzled(key_local, gather_chunk);
+#pragma unroll
+      for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
     }
-#pragma unroll
-    for (int g = 0; g < Cfg::kKGroups; ++g) {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const uint32_t dst = dst_base + swizzled(gather_key0 + 16 * u, gather_chunk);
-#pragma unroll
-        for (int a = g * Cfg::kAtomsPerGroup; a < (g + 1) * Cfg::kAtomsPerGroup; ++a)
-          cp_async_16(dst + a * Cfg::kAtomBytes, src[u] + a * 64, valid[u]);
-      }
-      // noinc: completes when all of this thread's earlier copies have landed, this group's and before
-      cp_async_mbar_arrive(bar_full + 8 * (stage * Cfg::kKGroups + g));
-    }
+    cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
@@ -592,14 +574,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     for (int i = 0; i < num_tiles; ++i) {
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-      const uint32_t stage_full = bar_full + 8 * ((i & 1) * Cfg::kKGroups);  // + 8 * group
-      const uint32_t parity = (i >> 1) & 1;
-      mbar_wait(stage_full, parity);
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
       if (i == 0) KDTREE_TL(4);
       fence_proxy_async();
 
-      // S = Q K^T over 36 k16 steps (4 per 64-column atom); each later atom group's barrier is
-      // waited just before its first wgmma, with the earlier groups' wgmmas already in flight (h24).
+      // S = Q K^T over 36 k16 steps (4 per 64-column atom).
       // Descriptors advance by adding (byte offset >> 4) to the start-address field: every
       // address stays below 256 KB, so the 14-bit field never carries.
       float s[32];
@@ -609,12 +588,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 36; ++ks) {
-        constexpr int kStepsPerGroup = 4 * Cfg::kAtomsPerGroup;
-        if (ks > 0 && ks % kStepsPerGroup == 0) {
-          mbar_wait(stage_full + 8 * (ks / kStepsPerGroup), parity);
-          fence_proxy_async();
-          wgmma_fence();  // ptxas would inject this itself after the wait loop (C7519); the in-flight wgmmas keep running
-        }
         const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
         wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
       }
@@ -732,9 +705,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int i = 0; i < num_tiles; ++i) {
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-      // The stage's last group: complete only once every copy of the stage has landed (noinc).
-      // Already complete here: WG0 waited on it before its QK^T finished.
-      mbar_wait(bar_full + 8 * ((i & 1) * Cfg::kKGroups + Cfg::kKGroups - 1), (i >> 1) & 1);
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
       named_barrier(kBarPFull, 256);
       fence_proxy_async();
       const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
