@@ -71,14 +71,6 @@ constexpr bool kWg1SkipRescale = false;
 constexpr bool kWg1SkipRescale = true;
 #endif
 
-// WG1 refills a K stage in three parts as its columns die (h26). A/B: -DKDTREE_REFILL_AT_EMPTY, the
-// whole refill after "K stage empty" (before h26).
-#ifdef KDTREE_REFILL_AT_EMPTY
-constexpr bool kRefillByAtoms = false;
-#else
-constexpr bool kRefillByAtoms = true;
-#endif
-
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
 
 // V (N-major) descriptor offsets: 64-column atoms kAtomBytes apart (leading), 8-key groups 1024 B
@@ -501,9 +493,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
     }
   };
-  // Column atoms [a0, a1) of a tile (constants after inlining). The stage's full barrier is arrived
-  // on once all of the tile's atoms are out (close_tile): noinc arrivals track every earlier copy.
-  auto issue_atoms = [&](int tile, const int64_t (&slots)[4], int a0, int a1) {
+  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -520,14 +510,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
       const uint32_t dst = dst_base + swizzled(key_local, gather_chunk);
 #pragma unroll
-      for (int a = 0; a < Cfg::kAtoms; ++a)
-        if (a >= a0 && a < a1) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
+      for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
     }
-  };
-  auto close_tile = [&](int tile) { cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1)); };
-  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
-    issue_atoms(tile, slots, 0, Cfg::kAtoms);
-    close_tile(tile);
+    cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
@@ -732,22 +717,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
       wgmma_commit();
-      // h26: the refill of this stage with tile t+2 goes out in three parts, each as soon as its
-      // columns are dead, so that after "K stage empty" only 4 of the 9 atoms are left to issue.
-      // Atom 8 (rope) is read by QK^T only, which "P full" says is done.
-      const bool refill = i + 2 < num_tiles;
-      if (kRefillByAtoms && refill) issue_atoms(t_begin + i + 2, slots, 8, 9);
       wgmma_wait<0>();
       wgmma_fence_operand(o);
       if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // WG0 may write P of tile t+1
-      if (refill) {
-        // Atoms 4-7 were read by this warpgroup's PV only (just waited); atoms 0-3 by WG0's PV of
-        // tile t, which "K stage empty" says is done. WG0 cannot arrive on this stage's empty
-        // barrier again before tile t+2 has landed: phases never run ahead.
-        if (kRefillByAtoms) issue_atoms(t_begin + i + 2, slots, 4, 8);
+      if (i + 2 < num_tiles) {
+        // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
+        // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
-        issue_atoms(t_begin + i + 2, slots, 0, kRefillByAtoms ? 4 : Cfg::kAtoms);
-        close_tile(t_begin + i + 2);
+        issue_tile(t_begin + i + 2, slots);
         fetch_slots(t_begin + i + 3, slots);
       }
     }
