@@ -71,12 +71,6 @@ constexpr bool kWg1SkipRescale = false;
 constexpr bool kWg1SkipRescale = true;
 #endif
 
-// h27 (experiment): the K gather's L2 prefetch size on a miss, -DKDTREE_GATHER_L2_PREFETCH=128 or 256.
-#ifndef KDTREE_GATHER_L2_PREFETCH
-#define KDTREE_GATHER_L2_PREFETCH 0
-#endif
-constexpr int kGatherL2Prefetch = KDTREE_GATHER_L2_PREFETCH;
-
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
 
 // V (N-major) descriptor offsets: 64-column atoms kAtomBytes apart (leading), 8-key groups 1024 B
@@ -516,8 +510,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
       const uint32_t dst = dst_base + swizzled(key_local, gather_chunk);
 #pragma unroll
-      for (int a = 0; a < Cfg::kAtoms; ++a)
-        cp_async_16_l2<kGatherL2Prefetch>(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
+      for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
     }
     cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };

@@ -33,20 +33,6 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
-// The same with an L2 prefetch-size hint: on a miss the L2 fetches 128 or 256 bytes around the line
-// (h27 experiment, the Hopper gather's rows are 1,152 contiguous bytes); 0 is cp_async_16.
-template <int kL2Bytes>
-__device__ __forceinline__ void cp_async_16_l2(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  if constexpr (kL2Bytes == 256) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-  } else if constexpr (kL2Bytes == 128) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-  } else {
-    static_assert(kL2Bytes == 0, "L2 prefetch size: 0, 128 or 256");
-    cp_async_16(dst, src, valid);
-  }
-}
 // 8-byte asynchronous copy through L1 (cp.async.cg takes 16 bytes only); src_bytes = 0 writes zeros.
 __device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 8 : 0;
