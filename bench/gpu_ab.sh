@@ -24,13 +24,8 @@ for vt in ${VARIANT_TESTS:-}; do  # "name:path": that variant's build through th
     -p no:cacheprovider > "$OUT/kernel_tests_$vname.log" 2>&1
   echo "kernel tests ($vname, $vpath path) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/kernel_tests_$vname.log" | tail -3
 done
-for pth in ${SANITIZE:-}; do  # racecheck (smoke cases) and memcheck (sanitizer-sized kernel tests) per path
-  KDTREE_KERNEL=$pth timeout 60 compute-sanitizer --tool racecheck --print-limit 10 python3 bench/smoke.py --small \
-    --no-triton > "$OUT/racecheck-$pth.log" 2>&1; echo "racecheck ($pth) rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck-$pth.log"
-  KDTREE_KERNEL=$pth KDTREE_TEST_SMALL=1 timeout 90 compute-sanitizer --tool memcheck --print-limit 10 python3 -m pytest -q -x \
-    -p no:cacheprovider tests/gpu/test_kernel_gpu.py -k "$pth" > "$OUT/memcheck-$pth.log" 2>&1
-  echo "memcheck ($pth) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-$pth.log" | tail -2
-done
+source bench/gpu_sanitize.sh
+for pth in ${SANITIZE:-}; do sanitize_path "$pth" 60 90; done  # racecheck + memcheck per path
 wait  # the variant builds
 for v in default ${VARIANTS:-}; do
   name=${v%%:*}

@@ -21,3 +21,47 @@ def test_bench_modes_builds_its_scene_module():
     )
     r = run_python(code, env=clean_env(), timeout=300, args=(str(ROOT),))
     assert r.returncode == 0 and "scene ok" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_device_shell_scripts_parse():
+    """Every device script under bench/ is valid bash (a syntax error would cost a device call)."""
+    import subprocess
+
+    scripts = sorted((ROOT / "bench").glob("*.sh"))
+    assert scripts
+    for s in scripts:
+        r = subprocess.run(["bash", "-n", str(s)], capture_output=True, text=True)
+        assert r.returncode == 0, f"{s.name}: {r.stderr}"
+
+
+def test_sanitize_path_runs_racecheck_and_memcheck_on_the_path(tmp_path):
+    """bench/gpu_sanitize.sh (shared by gpu_ab.sh and gpu_release.sh), with a stand-in for
+    compute-sanitizer that records its arguments and the kernel path: both tools run, on the path
+    asked for, memcheck on the sanitizer-sized tests of that path only, and the summaries and exit
+    codes reach stdout."""
+    import os
+    import subprocess
+
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    calls = tmp_path / "calls.txt"
+    (fake_bin / "compute-sanitizer").write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$KDTREE_KERNEL small=${{KDTREE_TEST_SMALL:-0}} $*" >> {calls}\n'
+        'case "$2" in racecheck) echo "========= RACECHECK SUMMARY: 0 hazards displayed";;\n'
+        '  memcheck) echo "3 passed"; echo "========= ERROR SUMMARY: 0 errors"; exit 3;; esac\n'
+    )
+    (fake_bin / "compute-sanitizer").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "OUT": str(out)}
+    r = subprocess.run(["bash", "-c", "source bench/gpu_sanitize.sh && sanitize_path hopper 5 5"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("hopper small=0 --tool racecheck") and "bench/smoke.py --small --no-triton" in lines[0]
+    assert lines[1].startswith("hopper small=1 --tool memcheck") and lines[1].endswith("tests/gpu/test_kernel_gpu.py -k hopper")
+    assert "racecheck (hopper) rc=0" in r.stdout and "RACECHECK SUMMARY: 0 hazards" in r.stdout
+    assert "memcheck (hopper) rc=3" in r.stdout and "ERROR SUMMARY: 0 errors" in r.stdout
+    assert (out / "racecheck-hopper.log").exists() and (out / "memcheck-hopper.log").exists()

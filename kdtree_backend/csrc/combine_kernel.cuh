@@ -94,9 +94,7 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
     }
   }
   const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-  const int tok = r / H, head = r - (r / H) * H;
-  __nv_bfloat16* dst =
-      reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok + static_cast<int64_t>(head) * kVDim + col0;
+  __nv_bfloat16* dst = out_row(p, req, r) + col0;
 #pragma unroll
   for (int i = 0; i < Lay::kF4; ++i) {
     uint2 packed;

@@ -295,9 +295,7 @@ __device__ __forceinline__ void store_half(const float (&o)[128], const float (&
     const int r = row_tile * HopperConfig::kM + row_in_tile0 + rr * 8;
     if (r >= rows) continue;
     if (direct) {
-      const int tok = r / H, head = r - (r / H) * H;
-      __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
-                           static_cast<int64_t>(head) * kVDim + col_lane;
+      __nv_bfloat16* dst = out_row(p, req, r) + col_lane;
 #pragma unroll
       for (int nb = 0; nb < 32; ++nb) {
         *reinterpret_cast<uint32_t*>(dst + nb * 8) =
@@ -344,10 +342,7 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
   const int j = thread_in_wg;
   const int r = row_tile * HopperConfig::kM + j;
   if (j < HopperConfig::kM && r < req.n * p.num_heads) {
-    const int H = p.num_heads;
-    const int tok = r / H, head = r - (r / H) * H;
-    __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
-                         static_cast<int64_t>(head) * kVDim + col_half * 256;
+    __nv_bfloat16* dst = out_row(p, req, r) + col_half * 256;
     bulk_store_s2g(dst, stage_smem + col_half * HopperConfig::kM * kPitch + j * kPitch, 512);
     bulk_commit();
     bulk_wait_read();  // the shared memory must outlive the copy's reads (the CTA exits next)

@@ -165,6 +165,14 @@ __device__ __forceinline__ const __nv_bfloat16* q_row_src(const KdtreeVerifyPara
          static_cast<int64_t>(head) * p.q_stride_head;
 }
 
+// Where query row r of the request (token r / H, head r % H) writes its 512 output columns (bf16),
+// for every kernel that writes `out`: the portable and Hopper epilogues and the split combine.
+__device__ __forceinline__ __nv_bfloat16* out_row(const KdtreeVerifyParams& p, const RequestView& req, int r) {
+  const int H = p.num_heads;
+  const int tok = r / H, head = r - (r / H) * H;
+  return reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok + static_cast<int64_t>(head) * kVDim;
+}
+
 // The request's FULL_MASK block (row stride prefix + n; its prefix columns are never read), or
 // null when the draft block is causal.
 __device__ __forceinline__ const uint8_t* request_mask(const KdtreeVerifyParams& p, int b) {
@@ -444,9 +452,7 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int col0 = kH * Cfg::kVSlice + 2 * (lane & 3);
     if (direct) {
-      const int tok = r / H, head = r - (r / H) * H;
-      __nv_bfloat16* dst = reinterpret_cast<__nv_bfloat16*>(p.out) + (req.q0 + tok) * p.out_stride_tok +
-                           static_cast<int64_t>(head) * kVDim + col0;
+      __nv_bfloat16* dst = out_row(p, req, r) + col0;
 #pragma unroll
       for (int f = 0; f < Cfg::kVTiles; ++f) {
         *reinterpret_cast<uint32_t*>(dst + f * 8) =
