@@ -65,3 +65,25 @@ def test_sanitize_path_runs_racecheck_and_memcheck_on_the_path(tmp_path):
     assert "racecheck (hopper) rc=0" in r.stdout and "RACECHECK SUMMARY: 0 hazards" in r.stdout
     assert "memcheck (hopper) rc=3" in r.stdout and "ERROR SUMMARY: 0 errors" in r.stdout
     assert (out / "racecheck-hopper.log").exists() and (out / "memcheck-hopper.log").exists()
+
+
+def test_gather_probe_compiles_for_sm90a(tmp_path):
+    """bench/gather_probe.cu (the device diagnostic for the gather's next step) builds with the
+    project's nvcc for sm_90a without warnings, so it is ready for its device run."""
+    import subprocess
+
+    import pytest
+
+    from kdtree_backend.build import find_nvcc
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (the kernel build tests skip too)")
+    out = tmp_path / "gather_probe"
+    r = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+                        str(ROOT / "bench" / "gather_probe.cu"), "-o", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert out.exists()
+    assert "warning" not in r.stderr.lower(), r.stderr[-3000:]
+    assert "spill stores" in r.stderr and " 0 bytes spill stores" in r.stderr, r.stderr[-3000:]
