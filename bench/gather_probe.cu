@@ -20,6 +20,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+// The kernel's own barrier, copy and swizzle helpers, so the probe moves bytes exactly as it does.
+#include "../kdtree_backend/csrc/hopper_kernel.cuh"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +32,15 @@
 #include <vector>
 
 namespace {
+
+using kdtree::cp_async_16;
+using kdtree::hopper::cp_async_mbar_arrive;
+using kdtree::hopper::fence_mbarrier_init;
+using kdtree::hopper::mbar_arrive;
+using kdtree::hopper::mbar_arrive_expect_tx;
+using kdtree::hopper::mbar_init;
+using kdtree::hopper::mbar_wait;
+using kdtree::hopper::swizzled;
 
 constexpr int kKeys = 64, kAtoms = 9, kRowBytes = 1152, kAtomBytes = 8192, kStageBytes = kAtoms * kAtomBytes;
 constexpr int kStages = 2, kThreads = 256;
@@ -46,43 +58,12 @@ const char* const kModeNames[] = {"cpasync", "tma32", "tma64"};
     }                                                                                            \
   } while (0)
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 __device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int slot) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(slot), "r"(bar)
       : "memory");
-}
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
 
 template <int kMode>
@@ -91,8 +72,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const __grid_constant__ CUtensorMap map) {
   extern __shared__ uint8_t raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-  const uint32_t sK = smem_u32(base);
-  const uint32_t bar_full = smem_u32(base + kStages * kStageBytes);  // + 8 * stage
+  const uint32_t sK = kdtree::smem_addr(base);
+  const uint32_t bar_full = kdtree::smem_addr(base + kStages * kStageBytes);  // + 8 * stage
   const uint32_t bar_empty = bar_full + 16;                          // + 8 * stage
   const int tid = threadIdx.x, wg = tid >> 7, j = tid & 127;
   const int64_t* my_slots = slots + static_cast<int64_t>(blockIdx.x) * tiles * kKeys;
@@ -103,7 +84,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bar_full + 8 * s, kIssuers);
       mbar_init(bar_empty + 8 * s, 128);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_mbarrier_init();
   }
   __syncthreads();
 
@@ -126,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const __nv_bfloat16* src = cache + sl[k] * (kRowBytes / 2) + chunk * 8;
         const uint32_t dst = stage + swizzled(my_key(k), chunk);
 #pragma unroll
-        for (int a = 0; a < kAtoms; ++a) cp_async_16(dst + a * kAtomBytes, src + a * 64);
+        for (int a = 0; a < kAtoms; ++a) cp_async_16(dst + a * kAtomBytes, src + a * 64, true);
       }
       cp_async_mbar_arrive(full);
     } else if (j < kIssuers) {
