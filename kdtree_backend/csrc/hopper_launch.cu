@@ -55,6 +55,7 @@ bool fold_scales(const KdtreeVerifyParams& p) {
 #endif
 }
 
+#ifndef KDTREE_Q_CP_ASYNC
 // h23: Q's tensor map. The driver's encoder is resolved once through the runtime (no libcuda link);
 // the probe fails the start-up when it is missing, so a launch never runs without it unnoticed.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -73,6 +74,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }
   return f;
 }
+#endif
 
 // q [T, H, 576] as a 3-d map {576 columns, H heads, tokens} with q's strides, box {64 columns, bh
 // heads, bt tokens} = one row tile's 64 rows of one 64-column atom (128-byte swizzle). The token
@@ -107,6 +109,21 @@ bool encode_q_map(const KdtreeVerifyParams& p, CUtensorMap* map) {
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 #endif
 }
+
+#ifndef KDTREE_Q_CP_ASYNC
+// The probe's check that the driver encodes Q's tensor map for SGLang's layout (q [T, 16, 576]
+// contiguous). The encoder reads no memory, so an aligned dummy address stands in for q.
+bool encodes_sglang_q_layout() {
+  KdtreeVerifyParams sample;
+  memset(&sample, 0, sizeof(sample));
+  sample.q = reinterpret_cast<const void*>(static_cast<uintptr_t>(1) << 20);
+  sample.num_heads = 16;
+  sample.q_stride_head = kQkDim;
+  sample.q_stride_tok = 16 * kQkDim;
+  CUtensorMap map;
+  return encode_q_map(sample, &map);
+}
+#endif
 
 }  // namespace
 
@@ -173,19 +190,10 @@ int probe(int device, char* msg, size_t msg_len) {
              optin, HopperConfig::kSmemBytes);
     return KDTREE_ERR_UNSUPPORTED;
   }
-  // h23: the driver must encode Q's tensor map for SGLang's layout (q [T, 16, 576] contiguous); the
-  // encoder reads no memory, so an aligned dummy address stands in for q.
-  KdtreeVerifyParams sample;
-  memset(&sample, 0, sizeof(sample));
-  sample.q = reinterpret_cast<const void*>(static_cast<uintptr_t>(1) << 20);
-  sample.num_heads = 16;
-  sample.q_stride_head = kQkDim;
-  sample.q_stride_tok = 16 * kQkDim;
-  CUtensorMap map;
 #ifdef KDTREE_Q_CP_ASYNC
   const char* q_path = "Q by cp.async (A/B build)";
 #else
-  if (!encode_q_map(sample, &map)) {
+  if (!encodes_sglang_q_layout()) {
     snprintf(msg, msg_len,
              "the CUDA driver cannot encode the Hopper kernel's Q tensor map (cuTensorMapEncodeTiled %s): update the "
              "NVIDIA driver to one that supports CUDA 12.0 or later, or set KDTREE_KERNEL=portable",
@@ -194,7 +202,6 @@ int probe(int device, char* msg, size_t msg_len) {
   }
   const char* q_path = "Q by TMA";
 #endif
-  (void)map;
   snprintf(msg, msg_len, "Hopper kernel: sm_%d binary, %d registers/thread, %d B dynamic shared memory, %d local bytes, %s",
            attr.binaryVersion, attr.numRegs, HopperConfig::kSmemBytes, static_cast<int>(attr.localSizeBytes), q_path);
   return KDTREE_OK;
