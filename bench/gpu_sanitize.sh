@@ -1,7 +1,6 @@
 # Sourced by the device scripts (gpu_ab.sh, gpu_release.sh): compute-sanitizer on one kernel path.
 # racecheck runs the smoke cases (bench/smoke.py --small), memcheck the sanitizer-sized kernel tests
-# (KDTREE_TEST_SMALL=1) of that path; on the Hopper path racecheck runs again on two persistent CTAs
-# (KDTREE_MAX_CTAS=2: every CTA walks many work items); logs go to $OUT/{racecheck,memcheck}-<path>.log and the
+# (KDTREE_TEST_SMALL=1) of that path; logs go to $OUT/{racecheck,memcheck}-<path>.log and the
 # summary lines to stdout. Kept in one place so every device script checks the same way.
 #   sanitize_path hopper|portable [racecheck timeout s] [memcheck timeout s]
 sanitize_path() {
@@ -9,11 +8,6 @@ sanitize_path() {
   KDTREE_KERNEL=$pth timeout "$race_s" compute-sanitizer --tool racecheck --print-limit 20 \
     python3 bench/smoke.py --small --no-triton > "$OUT/racecheck-$pth.log" 2>&1
   echo "racecheck ($pth) rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck-$pth.log"
-  if [ "$pth" = hopper ]; then  # h28: two persistent CTAs, so each walks many work items
-    KDTREE_KERNEL=$pth KDTREE_MAX_CTAS=2 timeout "$race_s" compute-sanitizer --tool racecheck --print-limit 20 \
-      python3 bench/smoke.py --small --no-triton > "$OUT/racecheck-$pth-2ctas.log" 2>&1
-    echo "racecheck ($pth, 2 CTAs) rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck-$pth-2ctas.log"
-  fi
   KDTREE_KERNEL=$pth KDTREE_TEST_SMALL=1 timeout "$mem_s" compute-sanitizer --tool memcheck --print-limit 20 \
     python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernel_gpu.py -k "$pth" > "$OUT/memcheck-$pth.log" 2>&1
   echo "memcheck ($pth) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-$pth.log" | tail -2

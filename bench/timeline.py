@@ -8,8 +8,6 @@ runs the op on one shape with a cold L2 (a 256 MB buffer is rewritten before the
 copies the stamps out with `kdtree_timeline_copy` and prints, per milestone, the median and max
 over CTAs of its time since the CTA started, plus the CTAs' start spread and the kernel's span.
 One shape per process: the stamp buffer starts zeroed only when the library is loaded.
-With persistent CTAs (h28) a record is one work item: a CTA's later items stamp slot 0 when they
-start in that CTA (their Q and first K tile were issued during the previous item).
 """
 from __future__ import annotations
 

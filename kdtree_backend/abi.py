@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 
-ABI_VERSION = 2
+ABI_VERSION = 1
 
 LIB_FILENAME = "libkdtree_verify.so"
 
@@ -69,7 +69,7 @@ class VerifyParams(ctypes.Structure):
         ("sm_scale", ctypes.c_float),
         ("k_scale", ctypes.c_float),
         ("v_scale", ctypes.c_float),
-        ("max_ctas", ctypes.c_int32),
+        ("reserved", ctypes.c_float),
     ]
 
 

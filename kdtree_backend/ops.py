@@ -44,13 +44,12 @@ _num_sms: dict[int, int] = {}
 
 
 class _Plan:
-    __slots__ = ("c_plan", "workspace", "workspace_ptr", "max_ctas")
+    __slots__ = ("c_plan", "workspace", "workspace_ptr")
 
-    def __init__(self, c_plan: abi.VerifyPlan, workspace: torch.Tensor | None, max_ctas: int = 0):
+    def __init__(self, c_plan: abi.VerifyPlan, workspace: torch.Tensor | None):
         self.c_plan = c_plan
         self.workspace = workspace
         self.workspace_ptr = workspace.data_ptr() if workspace is not None else None
-        self.max_ctas = max_ctas  # 0: the launcher's choice (Hopper: one persistent CTA per SM)
 
 
 def _cdll():
@@ -204,8 +203,7 @@ def _get_plan(lib, device_index: int, stream_ptr: int, batch: int, heads: int, m
         workspace = (
             torch.empty(ws_bytes, dtype=torch.uint8, device=torch.device("cuda", device_index)) if ws_bytes else None
         )
-        # Test knob (Hopper): fewer persistent CTAs, so a small batch walks many work items a CTA.
-        plan = _Plan(c_plan, workspace, _env_int("KDTREE_MAX_CTAS") or 0)
+        plan = _Plan(c_plan, workspace)
         _plans[key] = plan
         return plan
 
@@ -306,7 +304,6 @@ def verify_attention(
         p.sm_scale = float(sm_scale)
         p.k_scale = float(k_scale)
         p.v_scale = float(v_scale)
-        p.max_ctas = plan.max_ctas
         rc = lib.kdtree_verify_run(ctypes.byref(p), ctypes.c_void_p(stream.cuda_stream))
     if rc != 0:
         raise KernelLibraryError(f"verify_attention: {lib.kdtree_error_string(rc).decode(errors='replace')}")

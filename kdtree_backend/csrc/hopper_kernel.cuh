@@ -1,8 +1,7 @@
 // Hopper (sm_90a) verify kernel: the same semantics, split plan, workspace and combine step as the
 // portable kernel (verify_kernel.cuh), with wgmma tensor cores and 64-key tiles.
 //
-// Work item = 64 query rows of one request x one KV split; a CTA (2 warpgroups, 256 threads) works on
-// one or more of them in turn (h28: persistent CTAs, min(items, SMs) of them):
+// CTA = 64 query rows of one request x one KV split; 2 warpgroups (256 threads):
 //   WG0 "math":   S = Q K^T over the full 576 depth (36 x wgmma m64n64k16, Q and K from shared
 //                 memory), mask, online softmax (owns the running max / sum), P (bf16) kept in
 //                 registers for its own PV and written to shared memory for WG1, then
@@ -13,7 +12,7 @@
 // Each K tile is gathered once and feeds QK^T (all 576 columns, K-major) and PV (first 512
 // columns, read N-major through the descriptor's transpose bit): V = K[:, :512].
 //
-// Shared memory (230,440 B of the H200's 232,448 per block):
+// Shared memory (230,176 B of the H200's 232,448 per block):
 //   Q 64 x 576 bf16 (72 KB) | 2 K stages of 64 x 576 (144 KB) | P 64 x 64 bf16 (8 KB) | row stats.
 // Every 576-wide block is stored as 9 column atoms of 64 columns (8 KB each): row r of an atom at
 // r * 128 B, its 16-byte chunk c at ((c ^ (r & 7)) * 16): the canonical 128-byte swizzle.
@@ -47,8 +46,8 @@ struct HopperConfig {
   static constexpr int kStages = 2;
   static constexpr int kPOff = kKOff + kStages * kBlockBytes;
   static constexpr int kAlphaOff = kPOff + kAtomBytes;  // float[64]: this tile's O rescale factors
-  static constexpr int kInvLOff = kAlphaOff + 64 * 4;   // float[2][64]: 1 / row sum at the end, by item parity
-  static constexpr int kLseOff = kInvLOff + 2 * 64 * 4;  // float[64]: log2-sum-exp at the end
+  static constexpr int kInvLOff = kAlphaOff + 64 * 4;   // float[64]: 1 / row sum at the end
+  static constexpr int kLseOff = kInvLOff + 64 * 4;     // float[64]: log2-sum-exp at the end
   static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
   static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
@@ -63,9 +62,6 @@ constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
 constexpr int kBarFinal = 4;
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
-// (7 = kBarStore + 2: the timeline build's stamp exchange)
-constexpr int kBarStaged = 8;  // h28: both halves' bulk copies have read the staged output's stage
-constexpr int kBarMath = 9;    // h28: WG0 alone (its last QK^T has read Q; a cp.async Q tile landed)
 
 // WG1 rescales its half of O only when a row of its warp moved its max, as WG0 does (h15): 128
 // FMULs a tile fewer on the schedulers WG0's softmax issues on. A/B: -DKDTREE_WG1_ALWAYS_RESCALE.
@@ -166,9 +162,9 @@ constexpr bool kMaskPrefetch = false;
 #else
 constexpr bool kMaskPrefetch = true;
 #endif
-__device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int b, int prefix, int n, int row0,
+__device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int prefix, int n, int row0,
                                                       int lane, uint32_t (&bits)[2]) {
-  const uint8_t* mask = request_mask(p, b);
+  const uint8_t* mask = request_mask(p, blockIdx.z);
   const int col_lane = 2 * (lane & 3);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -186,7 +182,7 @@ __device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& 
 // Scale into the log2 domain (`scale`: the tile's score scale, prefix or draft) and mask. kFold
 // (h13): the scale is applied later, inside the exp2's FFMA (online_softmax<true>), so this only masks.
 template <bool kFold>
-__device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, int b, bool is_prefix,
+__device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix,
                                                float scale, int key_base, int prefix, int n, int row0, int lane,
                                                const uint32_t (&first_bits)[2]) {
   const int col_lane = 2 * (lane & 3);
@@ -214,7 +210,7 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
                                                                         : -CUDART_INF_F;
     return;
   }
-  const uint8_t* mask = request_mask(p, b);
+  const uint8_t* mask = request_mask(p, blockIdx.z);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
@@ -354,10 +350,8 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
 }
 
 // Diagnostics only (-DKDTREE_TIMELINE, never in a release build): threads 0 and 128 stamp
-// %globaltimer at a work item's milestones into shared memory (slots 2 and 8 are WG1's), and
-// thread 0 copies each item's record to g_timeline (read by kdtree_timeline_copy), to see where a
-// short kernel's fixed time goes. A printf here would serialise every wgmma (C7510); stamps kept
-// in registers would cost 16 of them (spills).
+// %globaltimer at the CTA's milestones into g_timeline (read by kdtree_timeline_copy), to see
+// where a short kernel's fixed time goes. A printf here would serialise every wgmma (C7510).
 #ifdef KDTREE_TIMELINE
 constexpr int kTimelineSlots = 10;
 constexpr int kTimelineCtas = 8192;
@@ -367,8 +361,8 @@ __device__ __forceinline__ unsigned long long timeline_now() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-#define KDTREE_TL(k)                                    \
-  do {                                                  \
+#define KDTREE_TL(k)                                 \
+  do {                                               \
     if ((threadIdx.x & 127) == 0) tl[k] = timeline_now(); \
   } while (0)
 #else
@@ -377,73 +371,19 @@ __device__ __forceinline__ unsigned long long timeline_now() {
   } while (0)
 #endif
 
-// One unit of work: a row tile x KV split of one request (one CTA of the non-persistent grid).
-struct WorkItem {
-  int row_tile, split, b;
-  CtaWork cw;
-};
-
-// h28: the launch has min(work items, SMs) CTAs, and CTA c works on items c, c + gridDim.x, ... in
-// the non-persistent grid's order (row tile fastest, then split, then request), so the row tiles
-// that share a request's K rows still run side by side. Moves `item` on to the next one with work
-// (an empty split or a row tile past its request has none); false when none is left.
-__device__ __forceinline__ bool next_work_item(const KdtreeVerifyParams& p, int row_tiles, int total, int& item,
-                                               WorkItem& wi) {
-  for (; item < total; item += gridDim.x) {
-    wi.row_tile = item % row_tiles;
-    const int rest = item / row_tiles;
-    wi.split = rest % p.num_splits;
-    wi.b = rest / p.num_splits;
-    if (cta_work<HopperConfig::kM, HopperConfig::kBN>(p, wi.b, wi.row_tile, wi.split, wi.cw)) return true;
-  }
-  return false;
-}
-
-// A work item's Q tile (zeros past the request) by kThreadsQ threads (t = 0 .. kThreadsQ - 1) with
-// cp.async, into swizzled shared memory. h21c: a warp instruction copies 4 whole 128-byte lines
-// (rows t/8 + kThreadsQ/8 * pass, chunk t & 7 of each atom), as the gather does.
-template <int kThreadsQ>
-__device__ __forceinline__ void load_q_tile(const KdtreeVerifyParams& p, const WorkItem& wi, uint32_t sQ, int t) {
-  using Cfg = HopperConfig;
-  constexpr int kRowsPerPass = kThreadsQ / 8;
-#pragma unroll
-  for (int pass = 0; pass < Cfg::kM / kRowsPerPass; ++pass) {
-    const int row = (t >> 3) + kRowsPerPass * pass;
-    bool valid;
-    const __nv_bfloat16* src = q_row_src(p, wi.cw.req, wi.row_tile * Cfg::kM + row, wi.cw.rows, valid);
-#pragma unroll
-    for (int a = 0; a < Cfg::kAtoms; ++a) {
-      const int c = 8 * a + (t & 7);
-      cp_async_16(sQ + a * Cfg::kAtomBytes + swizzled(row, c), src + c * 8, valid);
-    }
-  }
-  cp_async_commit();
-}
-
-// Does this work item's split hold the request's first draft tile (whose mask bits WG0 reads ahead)?
-__device__ __forceinline__ bool owns_first_draft_tile(const WorkItem& wi) {
-  return wi.cw.t_begin <= wi.cw.w.prefix_tiles && wi.cw.w.prefix_tiles < wi.cw.t_end;
-}
-
 // kFold (h13): the score and P scales are folded into the softmax's exp2 (positive, finite scales
 // only: the launcher picks the instantiation, so the hot loop has one softmax body either way).
 // q_map / q_tma (h23): when the launcher could encode q as a {576, H, tokens} tensor map whose
 // 64-column x 64-row box is one row tile (H divides 64, or 64 divides H), q_tma is 1 and every row
 // tile wholly inside its request loads Q with nine TMA boxes; otherwise (and for a tile with
 // padding rows) Q comes through cp.async, which zero-fills the padding rows.
-// row_tiles: the plan's row tiles per request; the work items are row_tiles x splits x batch.
-//
-// h28, persistent CTAs: one CTA walks several work items (next_work_item). The K pipeline does not
-// drain between them: a CTA-wide tile counter g names the stage (g & 1) and the barrier phases,
-// WG1 gathers two tiles ahead across item boundaries, and WG0's thread 0 loads the next item's Q
-// by TMA as soon as the current item's last QK^T has read Q. The output of an item is staged in
-// its last tile's K stage, so WG1 refills that stage only after the bulk copies have read it.
 template <bool kFold>
 __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
-    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma,
-                                   const int row_tiles) {
+    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
   using Cfg = HopperConfig;
-  const int total_items = row_tiles * p.num_splits * p.batch;  // < 2^31: the launcher checks
+  const int row_tile = blockIdx.x;
+  const int split = blockIdx.y;
+  const int b = blockIdx.z;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   // The warpgroup index through a warp reduction (REDUX writes a uniform register): ptxas then
@@ -454,14 +394,18 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const int warp_in_wg = (tid >> 5) & 3;
 
 #ifdef KDTREE_TIMELINE
-  __shared__ unsigned long long tl[kTimelineSlots - 1];
+  __shared__ unsigned long long tl_wg1[2];
+  unsigned long long tl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #endif
   KDTREE_TL(0);
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
-  int item = blockIdx.x;
-  WorkItem cur;
-  if (!next_work_item(p, row_tiles, total_items, item, cur)) return;
+  CtaWork cw;
+  if (!cta_work<Cfg::kM, Cfg::kBN>(p, b, row_tile, split, cw)) return;
   KDTREE_TL(1);
+  const RequestView& req = cw.req;
+  const SplitWork& w = cw.w;
+  const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
+  const int num_tiles = t_end - t_begin;
 
   const uint32_t smem = smem_addr(g_hopper_smem);
   if ((smem & 1023) != 0) __trap();  // the swizzle pattern is tied to 1024-byte-aligned atoms
@@ -469,7 +413,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const uint32_t sK = smem + Cfg::kKOff;
   const uint32_t sP = smem + Cfg::kPOff;
   float* s_alpha = reinterpret_cast<float*>(g_hopper_smem + Cfg::kAlphaOff);
-  float* s_inv_l = reinterpret_cast<float*>(g_hopper_smem + Cfg::kInvLOff);  // [2][64], by item parity
+  float* s_inv_l = reinterpret_cast<float*>(g_hopper_smem + Cfg::kInvLOff);
   float* s_lse = reinterpret_cast<float*>(g_hopper_smem + Cfg::kLseOff);
   const uint32_t bar_full = smem + Cfg::kBarOff;        // + 8 * stage
   const uint32_t bar_empty = smem + Cfg::kEmptyBarOff;  // + 8 * stage
@@ -482,17 +426,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   // A tile wholly inside the request: its 64 rows are 64 / H whole tokens from token row0 / H (H
   // divides 64), or heads row0 % H .. + 63 of one token (64 divides H), so one box of the map is
   // the tile's 64 rows of one 64-column atom, in the swizzled layout wgmma reads.
-  auto tma_eligible = [&](const WorkItem& wi) {
-    return q_tma != 0 && (wi.row_tile + 1) * Cfg::kM <= wi.cw.rows && wi.cw.req.q0 + wi.cw.req.n <= 0x7fffffff;  // int32 coordinates
-  };
-  auto issue_q_tma = [&](const WorkItem& wi) {  // one thread; completes bar_q's next phase
-    const int r0 = wi.row_tile * Cfg::kM;
-    const int tok = static_cast<int>(wi.cw.req.q0) + r0 / p.num_heads, head = r0 % p.num_heads;
-    mbar_arrive_expect_tx(bar_q, Cfg::kBlockBytes);
-#pragma unroll
-    for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_3d(sQ + a * Cfg::kAtomBytes, &q_map, bar_q, a * 64, head, tok);
-  };
-  const bool tma_q = tma_eligible(cur);
+  const bool tma_q = q_tma != 0 && (row_tile + 1) * Cfg::kM <= rows && req.q0 + req.n <= 0x7fffffff;  // int32 coordinates
   if (tid == 0) {
     mbar_init(bar_full, 128);
     mbar_init(bar_full + 8, 128);
@@ -500,8 +434,42 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     mbar_init(bar_empty + 8, 128);
     mbar_init(bar_q, 1);
     fence_mbarrier_init();  // the copy engine sees the initialised barrier
-    if (tma_q) issue_q_tma(cur);
+    if (tma_q) {
+      const int r0 = row_tile * Cfg::kM;
+      const int tok = static_cast<int>(req.q0) + r0 / p.num_heads, head = r0 % p.num_heads;
+      mbar_arrive_expect_tx(bar_q, Cfg::kBlockBytes);
+#pragma unroll
+      for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_3d(sQ + a * Cfg::kAtomBytes, &q_map, bar_q, a * 64, head, tok);
+    }
   }
+  // ---- Q tile (zeros past the request) -> swizzled shared memory, by all 256 threads.
+  // h21c: a warp instruction copies 4 whole 128-byte lines (rows tid/8 and +32, chunk tid & 7 of each
+  // atom), as the gather does; 8 rows x 64 bytes before (-DKDTREE_Q_HALF_LINES).
+  auto load_q = [&]() {
+#ifndef KDTREE_Q_HALF_LINES
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int row = (tid >> 3) + 32 * pass;
+      bool valid;
+      const __nv_bfloat16* src = q_row_src(p, req, row_tile * Cfg::kM + row, rows, valid);
+#pragma unroll
+      for (int a = 0; a < Cfg::kAtoms; ++a) {
+        const int c = 8 * a + (tid & 7);
+        cp_async_16(sQ + a * Cfg::kAtomBytes + swizzled(row, c), src + c * 8, valid);
+      }
+    }
+#else
+    const int row = tid >> 2;
+    bool valid;
+    const __nv_bfloat16* src = q_row_src(p, req, row_tile * Cfg::kM + row, rows, valid);
+#pragma unroll
+    for (int u = 0; u < kRowChunks / 4; ++u) {
+      const int c = (tid & 3) + 4 * u;
+      cp_async_16(sQ + (c >> 3) * Cfg::kAtomBytes + swizzled(row, c), src + c * 8, valid);
+    }
+#endif
+    cp_async_commit();
+  };
 
   // ---- The helper's K gather: thread j of WG1 copies 16-byte chunk (j & 7) of each 64-column atom
   // for keys 16u + j/8 (u = 0..3): a warp reads 4 whole 128-byte segments per instruction.
@@ -510,83 +478,60 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const int gather_key0 = j >> 3;  // + 16u
   // Slot ids are fetched a tile ahead and range-checked only when the copy is issued, so the
   // index load's latency hides behind the next PV (checking at once stalled WG1: perf-notes h1).
-  auto fetch_slots = [&](const WorkItem& wi, int tile, int64_t (&slots)[4]) {
+  auto fetch_slots = [&](int tile, int64_t (&slots)[4]) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       slots[u] = -1;
-      if (tile < wi.cw.t_end && tile < wi.cw.w.prefix_tiles) {
+      if (tile < t_end && tile < w.prefix_tiles) {
         const int key = tile * Cfg::kBN + gather_key0 + 16 * u;
-        if (key < wi.cw.req.prefix) slots[u] = __ldg(kv_indices + wi.cw.req.kv0 + key);
+        if (key < req.prefix) slots[u] = __ldg(kv_indices + req.kv0 + key);
       }
     }
   };
-  auto issue_tile = [&](const WorkItem& wi, int tile, int stage_idx, const int64_t (&slots)[4]) {
-    const uint32_t dst_base = sK + stage_idx * Cfg::kBlockBytes;
+  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
+    const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int key_local = gather_key0 + 16 * u;
       const __nv_bfloat16* src;
       bool valid;
-      if (tile < wi.cw.w.prefix_tiles) {
+      if (tile < w.prefix_tiles) {
         valid = slots[u] >= 0 && slots[u] < p.kv_num_slots;  // out of range reads as zeros
         src = kv + (valid ? slots[u] : 0) * p.kv_stride_slot;
       } else {
-        const int c = (tile - wi.cw.w.prefix_tiles) * Cfg::kBN + key_local;
-        valid = c < wi.cw.req.n;
-        src = kd + (wi.cw.req.q0 + (valid ? c : 0)) * p.k_stride_tok;
+        const int c = (tile - w.prefix_tiles) * Cfg::kBN + key_local;
+        valid = c < req.n;
+        src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
       }
       const uint32_t dst = dst_base + swizzled(key_local, gather_chunk);
 #pragma unroll
       for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
     }
-    cp_async_mbar_arrive(bar_full + 8 * stage_idx);
-  };
-  // WG1's refill cursor: the work item and key tile it gathers next, and that tile's CTA-wide
-  // index (its stage is fill_g & 1). It runs two tiles ahead of the math, across item boundaries.
-  int64_t slots[4];
-  WorkItem fill = cur;
-  int fill_item = item, fill_t = cur.cw.t_begin, fill_g = 0;
-  bool fill_ok = true;
-  auto issue_next = [&]() {
-    issue_tile(fill, fill_t, fill_g & 1, slots);
-    ++fill_g;
-    if (++fill_t >= fill.cw.t_end) {
-      fill_item += gridDim.x;
-      fill_ok = next_work_item(p, row_tiles, total_items, fill_item, fill);
-      fill_t = fill.cw.t_begin;
-    }
-    if (fill_ok) fetch_slots(fill, fill_t, slots);
+    cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
   // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
   // (h21b): every CTA of a wave pulls Q and its first tiles at once, and a first burst of Q +
   // one tile lands ~1 µs sooner than Q + two (-DKDTREE_PROLOGUE_TWO_TILES: both at once, as before).
-  if (wg == 1) fetch_slots(cur, cur.cw.t_begin, slots);
+  int64_t slots[4];
+  if (wg == 1) fetch_slots(t_begin, slots);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
-  if (!tma_q) {
-#ifndef KDTREE_Q_HALF_LINES
-    load_q_tile<Cfg::kThreads>(p, cur, sQ, tid);
-#else  // A/B only: 8 rows x 64 bytes a warp instruction (before h21c)
-    const int row = tid >> 2;
-    bool valid;
-    const __nv_bfloat16* src = q_row_src(p, cur.cw.req, cur.row_tile * Cfg::kM + row, cur.cw.rows, valid);
-#pragma unroll
-    for (int u = 0; u < kRowChunks / 4; ++u) {
-      const int c = (tid & 3) + 4 * u;
-      cp_async_16(sQ + (c >> 3) * Cfg::kAtomBytes + swizzled(row, c), src + c * 8, valid);
-    }
-    cp_async_commit();
-#endif
-  }
+  if (!tma_q) load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
   uint32_t first_bits[2] = {0u, 0u};
-  if (kMaskPrefetch && wg == 0 && owns_first_draft_tile(cur))
-    first_draft_tile_bits(p, cur.b, cur.cw.req.prefix, cur.cw.req.n, cur.row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
+  if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
+    first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
-    issue_next();  // tile 0
-#ifdef KDTREE_PROLOGUE_TWO_TILES
-    if (fill_ok) issue_next();
+    issue_tile(t_begin, slots);
+#ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
+    fetch_slots(t_begin + 1, slots);
+#else
+    if (t_begin + 1 < t_end) {
+      fetch_slots(t_begin + 1, slots);
+      issue_tile(t_begin + 1, slots);
+    }
+    fetch_slots(t_begin + 2, slots);
 #endif
     KDTREE_TL(2);  // WG1: the prologue's tiles issued
   }
@@ -600,253 +545,198 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   KDTREE_TL(3);
 
   float o[128];
+  const bool direct = w.active == 1;
+  const int num_row_tiles = gridDim.x;
   // The direct output goes through shared memory and bulk copies when its rows are 16-byte aligned
   // (always, for a torch-allocated tensor; an 8-byte aligned `out` view takes the register path).
 #ifdef KDTREE_REGISTER_EPILOGUE
-  const bool out_aligned = false;
+  const bool staged_store = false;
 #else
-  const bool out_aligned = (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
+  const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
 #endif
 
   if (wg == 0) {
     // =========================== math warpgroup ===========================
+    SoftmaxState st;
+    st.m[0] = st.m[1] = -CUDART_INF_F;
+    st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    const int row0 = row_tile * Cfg::kM + row_in_tile0;
     constexpr float kLog2e = 1.4426950408889634f;
     const float prefix_scale = p.sm_scale * p.k_scale * kLog2e, draft_scale = p.sm_scale * kLog2e;
     const float log2_vs = kFold ? log2f(p.v_scale) : 0.f, inv_vs = kFold ? 1.f / p.v_scale : 1.f;
-    int g = 0;                    // this CTA's tiles so far: stage g & 1, barrier phase (g >> 1) & 1
-    int q_phase = tma_q ? 1 : 0;  // bar_q phases completed and waited for
-    for (int k = 0;; ++k) {
-      if (k > 0) {  // this item's Q: by TMA during the previous item's tail, or by WG0 now
-        KDTREE_TL(0);  // a later item starts (its indices were read during the previous one)
-        KDTREE_TL(1);
-        if (tma_eligible(cur)) {
-          mbar_wait(bar_q, q_phase & 1);
-          ++q_phase;
-        } else {
-          load_q_tile<128>(p, cur, sQ, tid);
-          cp_async_wait<0>();
-          fence_proxy_async();
-          named_barrier(kBarMath, 128);
-        }
-        KDTREE_TL(3);
+    for (int i = 0; i < num_tiles; ++i) {
+      const int t = t_begin + i;
+      const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
+      if (i == 0) KDTREE_TL(4);
+      fence_proxy_async();
+
+      // S = Q K^T over 36 k16 steps (4 per 64-column atom).
+      // Descriptors advance by adding (byte offset >> 4) to the start-address field: every
+      // address stays below 256 KB, so the 14-bit field never carries.
+      float s[32];
+      const uint64_t desc_q = make_desc(sQ, 16, 1024);
+      const uint64_t desc_k = make_desc(stage, 16, 1024);
+      wgmma_fence_operand(s);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 36; ++ks) {
+        const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
+        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
       }
-      SoftmaxState st;
-      st.m[0] = st.m[1] = -CUDART_INF_F;
-      st.l[0] = st.l[1] = 0.f;
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(s);
+
+      const bool is_prefix = t < w.prefix_tiles;
+      const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
+      const float tile_scale = is_prefix ? prefix_scale : draft_scale;
+      scale_and_mask<kFold>(s, p, is_prefix, tile_scale, key_base, req.prefix, req.n, row0, lane, first_bits);
+      float alpha[2];
+      bool any_move;
+      online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
+
+      // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
+      const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
+      uint32_t pa[4][4];
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] = 0.f;
-      const int num_tiles = cur.cw.t_end - cur.cw.t_begin;
-      const int row0 = cur.row_tile * Cfg::kM + row_in_tile0;
-      int next_item = item;
-      WorkItem nxt;
-      bool have_next = false;
-      for (int i = 0; i < num_tiles; ++i, ++g) {
-        const int t = cur.cw.t_begin + i;
-        const uint32_t stage = sK + (g & 1) * Cfg::kBlockBytes;
-        mbar_wait(bar_full + 8 * (g & 1), (g >> 1) & 1);
-        if (i == 0) KDTREE_TL(4);
-        fence_proxy_async();
-
-        // S = Q K^T over 36 k16 steps (4 per 64-column atom).
-        // Descriptors advance by adding (byte offset >> 4) to the start-address field: every
-        // address stays below 256 KB, so the 14-bit field never carries.
-        float s[32];
-        const uint64_t desc_q = make_desc(sQ, 16, 1024);
-        const uint64_t desc_k = make_desc(stage, 16, 1024);
-        wgmma_fence_operand(s);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 36; ++ks) {
-          const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
-          wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
-        }
-        wgmma_commit();
-        if (i == 0) {  // the next work item's indices, read while the tensor cores run the first QK^T
-          next_item = item + gridDim.x;
-          have_next = next_work_item(p, row_tiles, total_items, next_item, nxt);
-        }
-        wgmma_wait<0>();
-        wgmma_fence_operand(s);
-        if (i == num_tiles - 1 && have_next && tma_eligible(nxt)) {
-          named_barrier(kBarMath, 128);     // every warp's last QK^T of this item has read Q
-          if (tid == 0) issue_q_tma(nxt);  // it lands during this tile's softmax, PV and the epilogue
-        }
-
-        const bool is_prefix = t < cur.cw.w.prefix_tiles;
-        const int key_base = is_prefix ? t * Cfg::kBN : (t - cur.cw.w.prefix_tiles) * Cfg::kBN;
-        const float tile_scale = is_prefix ? prefix_scale : draft_scale;
-        scale_and_mask<kFold>(s, p, cur.b, is_prefix, tile_scale, key_base, cur.cw.req.prefix, cur.cw.req.n, row0,
-                              lane, first_bits);
-        if (kMaskPrefetch && i == num_tiles - 1 && have_next && owns_first_draft_tile(nxt))  // this item's are used
-          first_draft_tile_bits(p, nxt.b, nxt.cw.req.prefix, nxt.cw.req.n, nxt.row_tile * Cfg::kM + row_in_tile0, lane,
-                                first_bits);
-        float alpha[2];
-        bool any_move;
-        online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
-
-        // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
-        const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
-        uint32_t pa[4][4];
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
+        pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
+        pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
+        pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
+      }
+      if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
+      {
+        uint8_t* p_smem = g_hopper_smem + Cfg::kPOff;
+        const int r_lo = row_in_tile0, r_hi = row_in_tile0 + 8;
+        const int byte = 4 * (lane & 3);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
-          pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
-          pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
-          pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
-          pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk) + byte) = pa[kk][0];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk) + byte) = pa[kk][1];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk + 1) + byte) = pa[kk][2];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk + 1) + byte) = pa[kk][3];
         }
-        // The helper is done with P and alpha of the previous tile (of an earlier item: kBarFinal).
-        if (i > 0) named_barrier(kBarPFree, 256);
-        {
-          uint8_t* p_smem = g_hopper_smem + Cfg::kPOff;
-          const int r_lo = row_in_tile0, r_hi = row_in_tile0 + 8;
-          const int byte = 4 * (lane & 3);
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk) {
-            *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk) + byte) = pa[kk][0];
-            *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk) + byte) = pa[kk][1];
-            *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk + 1) + byte) = pa[kk][2];
-            *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk + 1) + byte) = pa[kk][3];
-          }
-          if ((lane & 3) == 0) {
-            s_alpha[r_lo] = alpha[0];
-            s_alpha[r_hi] = alpha[1];
-          }
+        if ((lane & 3) == 0) {
+          s_alpha[r_lo] = alpha[0];
+          s_alpha[r_hi] = alpha[1];
         }
-        fence_proxy_async();
-        named_arrive(kBarPFull, 256);
-
-        // O[:, 0:256] = alpha * O + P V[:, 0:256]
-        if (any_move) rescale(o, alpha);
-        wgmma_fence_operand(o);
-        wgmma_fence();
-        const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_operand(o);
-        // The helper may refill this stage. Every tile arrives; the last two of the CTA's sequence
-        // are never waited for (no refill follows), and phases never run ahead: the next arrival
-        // on this stage needs the tile the helper issues after waiting for this one.
-        mbar_arrive(bar_empty + 8 * (g & 1));
       }
-      KDTREE_TL(5);
-      const int last_stage = (g - 1) & 1;
-      // Row statistics for the helper and for the split combine.
-      float* inv_l_buf = s_inv_l + (k & 1) * Cfg::kM;
-      float inv_l[2];
+      fence_proxy_async();
+      named_arrive(kBarPFull, 256);
+
+      // O[:, 0:256] = alpha * O + P V[:, 0:256]
+      if (any_move) rescale(o, alpha);
+      wgmma_fence_operand(o);
+      wgmma_fence();
+      const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+      if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
+    }
+    KDTREE_TL(5);
+    // Row statistics for the helper and for the split combine.
+    float inv_l[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float l = st.l[rr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv_l[rr] = l > 0.f ? 1.f / l : 0.f;
+      if ((lane & 3) == 0) {
+        s_inv_l[row_in_tile0 + 8 * rr] = inv_l[rr];
+        s_lse[row_in_tile0 + 8 * rr] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
+      }
+    }
+    named_barrier(kBarFinal, 256);  // also: both warpgroups are done with the K stages
+    KDTREE_TL(6);
+    if (staged_store) {
+      store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
+    } else {
+      store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, direct);
+    }
+    if (!direct && (lane & 3) == 0) {
+      const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * Cfg::kM * kVDim;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
-        float l = st.l[rr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv_l[rr] = l > 0.f ? 1.f / l : 0.f;
-        if ((lane & 3) == 0) {
-          inv_l_buf[row_in_tile0 + 8 * rr] = inv_l[rr];
-          s_lse[row_in_tile0 + 8 * rr] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
+        const int r = row_tile * Cfg::kM + row_in_tile0 + 8 * rr;
+        if (r < rows) {
+          const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * Cfg::kM) + r;
+          reinterpret_cast<float*>(p.workspace)[lse_base + ws_row] = s_lse[row_in_tile0 + 8 * rr];
         }
       }
-      named_barrier(kBarFinal, 256);  // also: both warpgroups are done with this item's K stages
-      KDTREE_TL(6);
-      const bool direct = cur.cw.w.active == 1;
-      if (direct && out_aligned) {
-        store_half_staged(o, inv_l, p, cur.cw.req, cur.row_tile, row_in_tile0, 0, lane, tid & 127,
-                          sK + last_stage * Cfg::kBlockBytes, g_hopper_smem + Cfg::kKOff + last_stage * Cfg::kBlockBytes);
-        named_arrive(kBarStaged, 256);  // this half's copies have read the stage: WG1 may refill it
-      } else {
-        store_half(o, inv_l, p, cur.cw.req, cur.b, cur.split, cur.row_tile, row_tiles, row_in_tile0, 0, lane, direct);
-      }
-      if (!direct && (lane & 3) == 0) {
-        const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * row_tiles * Cfg::kM * kVDim;
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          const int r = cur.row_tile * Cfg::kM + row_in_tile0 + 8 * rr;
-          if (r < cur.cw.rows) {
-            const int64_t ws_row = (static_cast<int64_t>(cur.b) * p.num_splits + cur.split) * (row_tiles * Cfg::kM) + r;
-            reinterpret_cast<float*>(p.workspace)[lse_base + ws_row] = s_lse[row_in_tile0 + 8 * rr];
-          }
-        }
-      }
-#ifdef KDTREE_TIMELINE
-      KDTREE_TL(7);
-      named_barrier(kBarStore + 2, 256);  // WG1's stamps are in shared memory
-      if (tid == 0 && item < kTimelineCtas) {  // one record per work item
-        unsigned long long* r = g_timeline + item * kTimelineSlots;
-        for (int x = 0; x < kTimelineSlots - 1; ++x) r[x] = tl[x];
-        r[kTimelineSlots - 1] = static_cast<unsigned long long>(num_tiles);
-      }
-      named_barrier(kBarStore + 2, 256);  // read before WG1 stamps the next item
-#endif
-      if (!have_next) break;
-      cur = nxt;
-      item = next_item;
     }
+#ifdef KDTREE_TIMELINE
+    KDTREE_TL(7);
+    named_barrier(kBarStore + 2, 256);  // WG1's stamps are in shared memory
+    const int cta = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (tid == 0 && cta < kTimelineCtas) {
+      unsigned long long* r = g_timeline + cta * kTimelineSlots;
+      r[0] = tl[0];
+      r[1] = tl[1];
+      r[2] = tl_wg1[0];
+      r[3] = tl[3];
+      r[4] = tl[4];
+      r[5] = tl[5];
+      r[6] = tl[6];
+      r[7] = tl[7];
+      r[8] = tl_wg1[1];
+      r[9] = static_cast<unsigned long long>(num_tiles);
+    }
+#endif
   } else {
     // =========================== helper warpgroup ===========================
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // tile 1, now that Q has landed
-    if (fill_ok) issue_next();
+    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots);
+    fetch_slots(t_begin + 2, slots);
 #endif
-    int g = 0;
-    for (int k = 0;; ++k) {
-      if (k > 0) KDTREE_TL(2);  // WG1: this item begins
 #pragma unroll
-      for (int i = 0; i < 128; ++i) o[i] = 0.f;
-      const int num_tiles = cur.cw.t_end - cur.cw.t_begin;
-      for (int i = 0; i < num_tiles; ++i, ++g) {
-        const uint32_t stage = sK + (g & 1) * Cfg::kBlockBytes;
-        mbar_wait(bar_full + 8 * (g & 1), (g >> 1) & 1);  // already complete: WG0 waited first
-        named_barrier(kBarPFull, 256);
-        fence_proxy_async();
-        const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
-        if (!kWg1SkipRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
-        wgmma_fence_operand(o);
-        wgmma_fence();
-        const uint64_t desc_p = make_desc(sP, 16, 1024);
-        const uint64_t desc_v = make_desc(stage + 4 * Cfg::kAtomBytes, kVLeading, kVStride);
+    for (int i = 0; i < 128; ++i) o[i] = 0.f;
+    for (int i = 0; i < num_tiles; ++i) {
+      const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
+      named_barrier(kBarPFull, 256);
+      fence_proxy_async();
+      const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
+      if (!kWg1SkipRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
+      wgmma_fence_operand(o);
+      wgmma_fence();
+      const uint64_t desc_p = make_desc(sP, 16, 1024);
+      const uint64_t desc_v = make_desc(stage + 4 * Cfg::kAtomBytes, kVLeading, kVStride);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_operand(o);
-        if (i + 1 < num_tiles) {
-          named_arrive(kBarPFree, 256);  // WG0 may write P of the next tile
-          if (fill_ok) {
-            // Refill this stage with tile g + 2 once WG0's PV of tile g is done too. WG0 cannot
-            // arrive on this stage's empty barrier again before tile g + 2 has landed.
-            mbar_wait(bar_empty + 8 * (g & 1), (g >> 1) & 1);
-            issue_next();
-          }
-        }
+      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+      if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // WG0 may write P of tile t+1
+      if (i + 2 < num_tiles) {
+        // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
+        // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
+        mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
+        issue_tile(t_begin + i + 2, slots);
+        fetch_slots(t_begin + i + 3, slots);
       }
-      const int last = g - 1, last_stage = last & 1;
-      // The item's last tile: its stage is refilled after the output has left it.
-      auto refill_last = [&]() {
-        if (fill_ok) {
-          mbar_wait(bar_empty + 8 * last_stage, (last >> 1) & 1);
-          issue_next();
-        }
-      };
-      named_barrier(kBarFinal, 256);
-      const float* inv_l_buf = s_inv_l + (k & 1) * Cfg::kM;
-      const float inv_l[2] = {inv_l_buf[row_in_tile0], inv_l_buf[row_in_tile0 + 8]};
-      const bool direct = cur.cw.w.active == 1;
-      if (direct && out_aligned) {
-        store_half_staged(o, inv_l, p, cur.cw.req, cur.row_tile, row_in_tile0, 1, lane, tid & 127,
-                          sK + last_stage * Cfg::kBlockBytes, g_hopper_smem + Cfg::kKOff + last_stage * Cfg::kBlockBytes);
-        named_barrier(kBarStaged, 256);  // WG0's copies have read the stage too
-        refill_last();
-      } else {
-        refill_last();  // both PVs of the last tile are done (kBarFinal): the stage is free
-        store_half(o, inv_l, p, cur.cw.req, cur.b, cur.split, cur.row_tile, row_tiles, row_in_tile0, 1, lane, direct);
-      }
-#ifdef KDTREE_TIMELINE
-      KDTREE_TL(8);
-      named_barrier(kBarStore + 2, 256);
-      named_barrier(kBarStore + 2, 256);
-#endif
-      item += gridDim.x;
-      if (!next_work_item(p, row_tiles, total_items, item, cur)) break;
     }
+    named_barrier(kBarFinal, 256);
+    const float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
+    if (staged_store) {
+      store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
+    } else {
+      store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, direct);
+    }
+#ifdef KDTREE_TIMELINE
+    if (tid == 128) {
+      tl_wg1[0] = tl[2];
+      tl_wg1[1] = timeline_now();
+    }
+    named_barrier(kBarStore + 2, 256);
+#endif
   }
 }
 

@@ -22,8 +22,8 @@ constexpr int kMaxDevices = 64;
 
 // Both instantiations (h13: scales folded or applied as given): each needs the shared-memory
 // attribute and an image for the device. The folded one, last, is what SGLang's scales run.
-void (*const kKernels[])(KdtreeVerifyParams, CUtensorMap, int, int) = {verify_attention_hopper_kernel<false>,
-                                                                     verify_attention_hopper_kernel<true>};
+void (*const kKernels[])(KdtreeVerifyParams, CUtensorMap, int) = {verify_attention_hopper_kernel<false>,
+                                                verify_attention_hopper_kernel<true>};
 
 int ensure_smem_attribute(int device, char* err, size_t err_len) {
   static std::atomic<bool> done[kMaxDevices];
@@ -42,27 +42,6 @@ int ensure_smem_attribute(int device, char* err, size_t err_len) {
   if (device >= 0 && device < kMaxDevices) done[device].store(true, std::memory_order_release);
   return KDTREE_OK;
 }
-
-#ifndef KDTREE_NO_PERSISTENT
-// h28: the persistent grid has one CTA per SM (one fits: launch bounds and shared memory). The
-// count is read once per device; under CUDA graphs it is fixed at capture, as the plan is.
-int sm_count(int device, char* err, size_t err_len) {
-  static std::atomic<int> count[kMaxDevices];
-  if (device >= 0 && device < kMaxDevices) {
-    const int c = count[device].load(std::memory_order_acquire);
-    if (c > 0) return c;
-  }
-  int n = 0;
-  const cudaError_t e = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-  if (e != cudaSuccess || n < 1) {
-    snprintf(err, err_len, "cudaDeviceGetAttribute(MultiProcessorCount) failed on device %d: %s", device,
-             cudaGetErrorString(e));
-    return -1;
-  }
-  if (device >= 0 && device < kMaxDevices) count[device].store(n, std::memory_order_release);
-  return n;
-}
-#endif
 
 // h13: the scales fold into the softmax's exp2 when they are positive and finite, with room for
 // the products and reciprocals the folded kernel forms (SGLang's are ~0.05-1). Anything else
@@ -167,34 +146,19 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     snprintf(err, err_len, "too many query rows per request");
     return KDTREE_ERR_UNSUPPORTED;
   }
-  // Work items: row tile x split x request. h28: min(items, SMs) persistent CTAs walk them
-  // (-DKDTREE_NO_PERSISTENT, A/B only: one CTA per item, as before h28).
-  const int64_t items = static_cast<int64_t>(row_tiles) * p.num_splits * p.batch;
-  if (items > 0x7fffffffLL) {
-    snprintf(err, err_len, "%lld work items (row tiles x splits x batch) exceed the kernel's 32-bit item index",
-             static_cast<long long>(items));
-    return KDTREE_ERR_UNSUPPORTED;
-  }
-#ifdef KDTREE_NO_PERSISTENT
-  const int grid = static_cast<int>(items);
-#else
-  int cap = sm_count(device, err, err_len);
-  if (cap < 1) return KDTREE_ERR_CUDA;
-  if (p.max_ctas > 0 && p.max_ctas < cap) cap = p.max_ctas;  // KDTREE_MAX_CTAS: tests walk many items a CTA
-  const int grid = static_cast<int>(items < cap ? items : cap);
-#endif
+  dim3 grid(row_tiles, p.num_splits, p.batch);
   CUtensorMap q_map;
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;
   if (fold_scales(p)) {
-    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma, row_tiles);
+    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
   } else {
-    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma, row_tiles);
+    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
   }
   e = cudaGetLastError();
   if (e != cudaSuccess) {
-    snprintf(err, err_len, "launch of the Hopper verify kernel (%d CTAs for %d x %d x %d work items) failed: %s", grid,
-             row_tiles, p.num_splits, p.batch, cudaGetErrorString(e));
+    snprintf(err, err_len, "launch of the Hopper verify kernel (grid %d x %d x %d) failed: %s", row_tiles,
+             p.num_splits, p.batch, cudaGetErrorString(e));
     return status_of(e);
   }
   if (p.num_splits > 1) {

@@ -3,7 +3,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KDTREE_ABI_VERSION 2
+#define KDTREE_ABI_VERSION 1
 
 // The library is built with -fvisibility=hidden; only these functions are exported.
 #define KDTREE_API __attribute__((visibility("default")))
@@ -43,7 +43,7 @@ typedef struct KdtreeVerifyParams {
   float sm_scale;
   float k_scale;               // multiplies prefix scores (SGLang's k_scale_float)
   float v_scale;               // multiplies prefix values (SGLang's v_scale_float)
-  int32_t max_ctas;            // Hopper only: cap on the persistent grid (0: one CTA per SM); a test knob
+  float reserved;
 } KdtreeVerifyParams;
 
 // The launch shape for one (batch, heads, max draft count) on one GPU. Fixed at CUDA-graph

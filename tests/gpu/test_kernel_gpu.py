@@ -326,40 +326,6 @@ def test_strided_q_view(ops, H, n):
     assert torch.equal(out, contiguous), f"strided and contiguous q differ: {batch.describe()}"
 
 
-@pytest.mark.parametrize("max_ctas", [1, 3] if SMALL else [1, 2, 7])
-@pytest.mark.parametrize("splits", [None, 3], ids=["planned-splits", "3-splits"])
-def test_persistent_ctas_walk_many_items(ops, kernel_path, monkeypatch, max_ctas, splits):
-    """The Hopper kernel's CTAs are persistent (h28): each walks work items (row tile x split x
-    request) with the K pipeline and Q loads running across item boundaries. KDTREE_MAX_CTAS
-    shrinks the grid so one CTA walks many items of every kind in turn: Q by TMA and by cp.async
-    (H=8 with n=13: a padding tile per request), items of one key tile and of many, empty splits,
-    split partials and direct output, tree masks with their first draft tile read ahead, padded
-    requests. Each item's arithmetic does not depend on which CTA runs it, so the result must
-    equal the full grid's bit for bit, and the float64 reference."""
-    if kernel_path != "hopper":
-        pytest.skip("KDTREE_MAX_CTAS caps the Hopper kernel's persistent grid")
-    prefixes = [0, 70, 1, 700, 63, 64, 2100] if not SMALL else [0, 70, 1, 300]
-    draft = [13, 16, 1, 13, 64, 5, 13][:len(prefixes)]
-    batch = make_verify_batch(prefixes, num_heads=8, draft_lens=draft, mask="tree", mask_dtype=U8,
-                              qo_indptr_dtype=I64, num_padded=1, extra_rows=2, seed=77 + max_ctas, device=DEV,
-                              index_garbage=GARBAGE)
-    if splits is not None:
-        monkeypatch.setenv("KDTREE_NUM_SPLITS", str(splits))
-    ops._plans.clear()  # plans (and the knobs they read) are cached per shape
-    try:
-        full = _run(ops, batch)
-        monkeypatch.setenv("KDTREE_MAX_CTAS", str(max_ctas))
-        ops._plans.clear()
-        walked = _run(ops, batch)
-        assert next(iter(ops._plans.values())).max_ctas == max_ctas
-    finally:
-        ops._plans.clear()
-    _check_against_reference(batch, walked, what=f"op on {max_ctas} persistent CTAs")
-    torch.cuda.synchronize()
-    cov = batch.covered_rows()
-    assert torch.equal(walked[cov], full[cov]), f"{max_ctas} CTAs and the full grid differ: {batch.describe()}"
-
-
 def test_probe_reports_the_q_path(ops, kernel_path):
     """On a Hopper GPU the probe also checks that the driver encodes the Q tensor map (h23) and says so."""
     if kernel_path != "hopper":
