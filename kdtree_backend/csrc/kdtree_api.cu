@@ -197,8 +197,8 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
       return Portable::plan(batch, num_heads, max_qo_len, num_sms, plan);
     case KDTREE_CONFIG_HOPPER:
 #ifdef KDTREE_WITH_HOPPER
-      kdtree::fill_plan(kdtree::hopper::kRowsPerTile, kdtree::kDefaultMinKeysPerSplit, batch, num_heads, max_qo_len, num_sms,
-                        plan, kdtree::kHopperTinyBatchTiles);
+      kdtree::fill_plan(kdtree::hopper::kRowsPerTile, kdtree::kHopperMinKeysPerSplit, batch, num_heads, max_qo_len, num_sms,
+                        plan);
       return KDTREE_OK;
 #else
       return fail(KDTREE_ERR_UNSUPPORTED,
@@ -221,9 +221,9 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
     return fail(KDTREE_ERR_INVALID_ARGUMENT, "a required pointer is NULL");
   if (p.custom_mask && !p.mask_indptr) return fail(KDTREE_ERR_INVALID_ARGUMENT, "custom_mask without mask_indptr");
   if (p.batch < 1 || p.batch > 65535 || p.num_heads < 1 || p.max_qo_len < 1 || p.num_splits < 1 ||
-      p.num_splits > kdtree::kMaxSplits)
-    return fail(KDTREE_ERR_INVALID_ARGUMENT, "batch=%d num_heads=%d max_qo_len=%d num_splits=%d out of range",
-                p.batch, p.num_heads, p.max_qo_len, p.num_splits);
+      p.num_splits > kdtree::kMaxSplits || p.min_keys_per_split < 0)
+    return fail(KDTREE_ERR_INVALID_ARGUMENT, "batch=%d num_heads=%d max_qo_len=%d num_splits=%d min_keys_per_split=%d out of range",
+                p.batch, p.num_heads, p.max_qo_len, p.num_splits, p.min_keys_per_split);
   // cp.async moves 16-byte chunks: every row start must be 16-byte aligned.
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.kv_cache, 16) || p.q_stride_tok % 8 ||
       p.q_stride_head % 8 || p.k_stride_tok % 8 || p.kv_stride_slot % 8)

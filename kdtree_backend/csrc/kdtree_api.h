@@ -38,7 +38,7 @@ typedef struct KdtreeVerifyParams {
   int32_t num_splits;          // from the plan
   int32_t qo_indptr_is_int64;
   int32_t kv_indptr_is_int64;
-  int32_t min_keys_per_split;  // from the plan
+  int32_t min_keys_per_split;  // from the plan; 0: the kernel picks each request's split length (h29)
   int32_t config;              // kernel configuration id (0 = portable)
   float sm_scale;
   float k_scale;               // multiplies prefix scores (SGLang's k_scale_float)
@@ -52,7 +52,7 @@ typedef struct KdtreePlan {
   int32_t num_splits;
   int32_t row_tiles;
   int32_t rows_per_tile;
-  int32_t min_keys_per_split;
+  int32_t min_keys_per_split;  // 0 (Hopper): each request's split length is chosen on the device
   int64_t workspace_bytes;
 } KdtreePlan;
 

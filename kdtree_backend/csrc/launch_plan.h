@@ -13,12 +13,13 @@ namespace kdtree {
 constexpr int kMaxSplitsPlan = 128;  // = kMaxSplits in combine_kernel.cuh (static_assert there)
 constexpr int kVDimPlan = 512;
 // Measured on the H200 (docs/perf-notes.md). Portable: 32-128 tie for long prefixes, 64 is best
-// at L=1k, 512+ starves small batches of CTAs. Hopper: its CTAs are faster per tile and pay more
-// per CTA (a 72 KB Q tile, 128 KB of partials), so longer splits win (h2 sweep).
+// at L=1k, 512+ starves small batches of CTAs.
 constexpr int kDefaultMinKeysPerSplit = 64;
-// Hopper: a batch of at most kHopperTinyBatchTiles row tiles is split over ~half the SMs only:
-// 132 short splits write and re-read more fp32 partials than their parallelism saves (h3 sweep).
-constexpr int kHopperTinyBatchTiles = 2;  // 8 hurt 4-8-tile batches (perf-notes h4)
+// Hopper (h29): the split length is left to the device (0: split_work's round(sqrt(key tiles) / 3)
+// tiles), because the best length grows with the prefix, which a plan fixed at CUDA-graph capture
+// cannot see. It replaces h4's rule (batches of <= 2 row tiles over half the SMs), which was right
+// at L = 8k and cost 18% at L = 32k (perf-notes "The split count on small batches").
+constexpr int kHopperMinKeysPerSplit = 0;
 
 // The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
 // unknown then (CUDA-graph capture sees dummy ones). The main kernels run one CTA per SM
@@ -71,11 +72,10 @@ inline int check_workspace(const KdtreeVerifyParams& p, int row_tiles, int rows_
 }
 
 inline void fill_plan(int rows_per_tile, int min_keys_per_split, int batch, int num_heads, int max_qo_len, int num_sms,
-                      KdtreePlan* plan, int tiny_batch_tiles = 0) {
+                      KdtreePlan* plan) {
   const int row_tiles = row_tiles_for(num_heads, max_qo_len, rows_per_tile);
   const int64_t base_ctas = static_cast<int64_t>(batch) * row_tiles;
-  const int target_sms = (base_ctas <= tiny_batch_tiles && num_sms >= 2) ? num_sms / 2 : num_sms;
-  const int splits = choose_splits(base_ctas, target_sms);
+  const int splits = choose_splits(base_ctas, num_sms);
   plan->num_splits = splits;
   plan->row_tiles = row_tiles;
   plan->rows_per_tile = rows_per_tile;

@@ -82,6 +82,22 @@ struct SplitWork {
   int active;  // splits that own at least one tile
 };
 
+// h29: the split length the Hopper plan leaves to the device (min_keys_per_split = 0):
+// round(sqrt(key tiles) / 3) tiles, at least 1 (17 -> 1, 129 -> 4, 513 -> 8), the best length of the
+// split-count sweep at every prefix (perf-notes "The split count on small batches"): a split's tile
+// time against the fp32 partials it writes and the combine re-reads. Exact integer rounding, so
+// every kernel that cuts a request (the verify kernel, the combine) agrees without float sqrt:
+// the largest m with 3m - 1.5 <= sqrt(key_tiles), i.e. (6m - 3)^2 <= 4 key_tiles.
+__host__ __device__ __forceinline__ int auto_split_tiles(int key_tiles) {
+  const int64_t k4 = 4 * static_cast<int64_t>(key_tiles);
+  int m = 1;
+  for (int step = 1 << 12; step > 0; step >>= 1) {  // m <= 1 + 2^13 - 1 covers key_tiles < 2^31 / 64
+    const int64_t c = 6 * static_cast<int64_t>(m + step) - 3;
+    if (c * c <= k4) m += step;
+  }
+  return m;
+}
+
 __host__ __device__ __forceinline__ SplitWork split_work(int prefix_len, int qo_len, int num_splits,
                                                          int min_tiles, int bn) {
   SplitWork w;
@@ -92,6 +108,7 @@ __host__ __device__ __forceinline__ SplitWork split_work(int prefix_len, int qo_
     w.active = 0;
     return w;
   }
+  if (min_tiles <= 0) min_tiles = auto_split_tiles(w.key_tiles);  // min_keys_per_split = 0: the device's choice
   int s = (w.key_tiles + min_tiles - 1) / min_tiles;
   s = s < num_splits ? s : num_splits;
   s = s < 1 ? 1 : s;
@@ -122,7 +139,10 @@ __device__ __forceinline__ RequestView load_request(const KdtreeVerifyParams& p,
   return r;
 }
 
+// The plan's smallest split in tiles; 0 (min_keys_per_split = 0, the Hopper plan) lets split_work
+// choose from the request's length (h29).
 __host__ __device__ __forceinline__ int min_tiles_per_split(int min_keys, int bn) {
+  if (min_keys == 0) return 0;
   const int t = min_keys / bn;
   return t < 1 ? 1 : t;
 }

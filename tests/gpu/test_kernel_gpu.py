@@ -248,8 +248,11 @@ def test_more_than_64_draft_tokens(ops, mask):
 def test_split_combine_layouts(ops, monkeypatch, splits):
     """The split merge has two layouts, picked by the planned split count (combine_kernel.cuh:
     whole rows below 17 splits, quarter rows from 17 on). Force each count (KDTREE_NUM_SPLITS) on a
-    batch whose first request has a key tile for every split, and compare with float64."""
+    batch whose first request has a key tile for every split, one-tile splits (64 keys: the Hopper
+    plan otherwise lets the device pick longer ones, h29) so every split is active, and compare
+    with float64."""
     monkeypatch.setenv("KDTREE_NUM_SPLITS", str(splits))
+    monkeypatch.setenv("KDTREE_MIN_KEYS_PER_SPLIT", "64")
     ops._plans.clear()  # plans are cached per shape; this one must see the forced count
     try:
         batch = make_verify_batch([splits * 64 + 37, 5, 0], num_heads=8, draft_lens=[16, 3, 9], mask="tree",

@@ -1,0 +1,57 @@
+"""The split arithmetic both kernels and the combine share (csrc/verify_kernel.cuh, split_work),
+compiled for the host with nvcc and checked over every key-tile count a request can have up to
+L = 128k: the device-chosen split length of the Hopper plan (h29, min_keys_per_split = 0) is
+round(sqrt(key tiles) / 3) tiles (at least 1), computed exactly in integers, and every cut covers
+the request's tiles with no empty split and no more splits than planned. Skipped without nvcc."""
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kdtree_backend import build
+
+pytestmark = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not on PATH")
+
+
+PROGRAM = r"""
+#include <cstdio>
+#include "verify_kernel.cuh"
+int main() {
+  // key tiles k = prefix tiles + 1 draft tile (n = 16), prefix = 64 * (k - 1)
+  for (int k = 1; k <= 2049; ++k) {
+    const int prefix = 64 * (k - 1);
+    for (int splits : {1, 2, 16, 33, 66, 128}) {
+      const kdtree::SplitWork w = kdtree::split_work(prefix, 16, splits, kdtree::min_tiles_per_split(0, 64), 64);
+      std::printf("%d %d %d %d %d %d\n", k, splits, kdtree::auto_split_tiles(k), w.key_tiles, w.tiles_per_split, w.active);
+    }
+  }
+  return 0;
+}
+"""
+
+
+def test_device_chosen_split_length_and_cuts(tmp_path):
+    src = tmp_path / "split_rule.cu"
+    src.write_text(PROGRAM)
+    exe = tmp_path / "split_rule"
+    csrc = Path(build.__file__).resolve().parent / "csrc"
+    r = subprocess.run([build.find_nvcc(), "-std=c++17", "-I", str(csrc), str(src), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout.split("\n")
+    rows = [tuple(map(int, line.split())) for line in out if line.strip()]
+    assert len(rows) == 2049 * 6
+    for k, splits, auto, key_tiles, tps, active in rows:
+        want = max(1, math.floor(math.sqrt(k) / 3 + 0.5))
+        assert auto == want, (k, auto, want)
+        assert key_tiles == k
+        assert 1 <= active <= splits, (k, splits, active)
+        assert tps * active >= k > tps * (active - 1), (k, splits, tps, active)  # no empty split
+        if active < splits:  # the length rule, not the planned count, bounded the cut
+            assert tps >= auto, (k, splits, tps, auto)
+    # the sweep's points (perf-notes "The split count on small batches"): L1k, 8k, 32k
+    by = {(k, s): (tps, active) for k, s, _, _, tps, active in rows}
+    assert by[(17, 66)] == (1, 17) and by[(129, 66)] == (4, 33) and by[(513, 66)] == (8, 65)
