@@ -24,7 +24,7 @@ int main() {
   for (int k = 1; k <= 2049; ++k) {
     const int prefix = 64 * (k - 1);
     for (int splits : {1, 2, 16, 33, 66, 128}) {
-      const kdtree::SplitWork w = kdtree::split_work(prefix, 16, splits, kdtree::min_tiles_per_split(0, 64), 64);
+      const kdtree::SplitWork w = kdtree::split_work<true>(prefix, 16, splits, kdtree::min_tiles_per_split(0, 64), 64);
       std::printf("%d %d %d %d %d %d\n", k, splits, kdtree::auto_split_tiles(k), w.key_tiles, w.tiles_per_split, w.active);
     }
   }

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   const RequestView req = load_request(p, b);
   const int H = p.num_heads;
   if (r >= req.n * H) return;
-  const SplitWork w = split_work(req.prefix, req.n, p.num_splits,
+  const SplitWork w = split_work<Cfg::kAutoSplitLength>(req.prefix, req.n, p.num_splits,
                                  min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
   if (w.active <= 1) return;
 

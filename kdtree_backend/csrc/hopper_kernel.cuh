@@ -38,6 +38,7 @@ struct HopperConfig {
   static constexpr int kM = 64;        // query rows per CTA (one wgmma M)
   static constexpr int kBN = 64;       // keys per tile
   static constexpr int kThreads = 256;
+  static constexpr bool kAutoSplitLength = true;  // the Hopper plan leaves the split length to the device (h29)
   static constexpr int kAtomBytes = 64 * 128;              // 64 rows x 64 bf16 columns
   static constexpr int kAtoms = kQkDim / 64;               // 9 column atoms per 576-wide block
   static constexpr int kBlockBytes = kAtoms * kAtomBytes;  // 73,728
@@ -400,7 +401,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   KDTREE_TL(0);
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
   CtaWork cw;
-  if (!cta_work<Cfg::kM, Cfg::kBN>(p, b, row_tile, split, cw)) return;
+  if (!cta_work<Cfg::kM, Cfg::kBN, Cfg::kAutoSplitLength>(p, b, row_tile, split, cw)) return;
   KDTREE_TL(1);
   const RequestView& req = cw.req;
   const SplitWork& w = cw.w;

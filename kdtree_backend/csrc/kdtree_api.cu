@@ -198,7 +198,7 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
     case KDTREE_CONFIG_HOPPER:
 #ifdef KDTREE_WITH_HOPPER
       kdtree::fill_plan(kdtree::hopper::kRowsPerTile, kdtree::kHopperMinKeysPerSplit, batch, num_heads, max_qo_len, num_sms,
-                        plan);
+                        plan, kdtree::kHopperCapSplitsAtHalfSms);
       return KDTREE_OK;
 #else
       return fail(KDTREE_ERR_UNSUPPORTED,

@@ -20,6 +20,15 @@ constexpr int kDefaultMinKeysPerSplit = 64;
 // cannot see. It replaces h4's rule (batches of <= 2 row tiles over half the SMs), which was right
 // at L = 8k and cost 18% at L = 32k (perf-notes "The split count on small batches").
 constexpr int kHopperMinKeysPerSplit = 0;
+// Hopper: at most half the SMs' worth of splits are planned. A single-row-tile batch (B1 H8 n8) is
+// best at 66 splits at every prefix and loses 4% at 128 (perf-notes h11 / "The split count on small
+// batches"); the cap binds only for batches of 1-2 row tiles. -DKDTREE_SPLIT_PLAN_ONE_WAVE (A/B
+// only): no cap, one wave of CTAs planned for every batch (h29 as first measured).
+#ifdef KDTREE_SPLIT_PLAN_ONE_WAVE
+constexpr bool kHopperCapSplitsAtHalfSms = false;
+#else
+constexpr bool kHopperCapSplitsAtHalfSms = true;
+#endif
 
 // The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
 // unknown then (CUDA-graph capture sees dummy ones). The main kernels run one CTA per SM
@@ -72,10 +81,11 @@ inline int check_workspace(const KdtreeVerifyParams& p, int row_tiles, int rows_
 }
 
 inline void fill_plan(int rows_per_tile, int min_keys_per_split, int batch, int num_heads, int max_qo_len, int num_sms,
-                      KdtreePlan* plan) {
+                      KdtreePlan* plan, bool cap_at_half_sms = false) {
   const int row_tiles = row_tiles_for(num_heads, max_qo_len, rows_per_tile);
   const int64_t base_ctas = static_cast<int64_t>(batch) * row_tiles;
-  const int splits = choose_splits(base_ctas, num_sms);
+  int splits = choose_splits(base_ctas, num_sms);
+  if (cap_at_half_sms && num_sms >= 2 && splits > num_sms / 2) splits = num_sms / 2;
   plan->num_splits = splits;
   plan->row_tiles = row_tiles;
   plan->rows_per_tile = rows_per_tile;

@@ -35,6 +35,9 @@ struct VerifyConfig {
   static constexpr int kWarps = RG * CS;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kM = RG * 16;  // query rows per CTA
+  // The portable plan always gives a split length (64 keys); the device-chosen length (h29) is the
+  // Hopper kernel's, and its code stays out of this kernel (sm_120 has no register to spare).
+  static constexpr bool kAutoSplitLength = false;
   static constexpr int kQkSlice = kQkDim / CS;    // depth per warp
   static constexpr int kKSteps = kQkSlice / 16;   // mma k-steps per warp for QK^T
   static constexpr int kVSlice = kVDim / CS;      // output columns per warp
@@ -85,19 +88,24 @@ struct SplitWork {
 // h29: the split length the Hopper plan leaves to the device (min_keys_per_split = 0):
 // round(sqrt(key tiles) / 3) tiles, at least 1 (17 -> 1, 129 -> 4, 513 -> 8), the best length of the
 // split-count sweep at every prefix (perf-notes "The split count on small batches"): a split's tile
-// time against the fp32 partials it writes and the combine re-reads. Exact integer rounding, so
-// every kernel that cuts a request (the verify kernel, the combine) agrees without float sqrt:
-// the largest m with 3m - 1.5 <= sqrt(key_tiles), i.e. (6m - 3)^2 <= 4 key_tiles.
+// time against the fp32 partials it writes and the combine re-reads. It sits on every CTA's
+// prologue chain (request -> split -> first K tile), so it is a float estimate plus an exact
+// integer correction: the result is the largest m >= 1 with 3m - 1.5 <= sqrt(key_tiles), i.e.
+// (6m - 3)^2 <= 4 key_tiles, whatever the sqrt's rounding, so the verify kernel and the combine
+// agree. (An integer binary search here cost the split shapes ~1-2%: perf-notes h29.)
 __host__ __device__ __forceinline__ int auto_split_tiles(int key_tiles) {
   const int64_t k4 = 4 * static_cast<int64_t>(key_tiles);
-  int m = 1;
-  for (int step = 1 << 12; step > 0; step >>= 1) {  // m <= 1 + 2^13 - 1 covers key_tiles < 2^31 / 64
-    const int64_t c = 6 * static_cast<int64_t>(m + step) - 3;
-    if (c * c <= k4) m += step;
-  }
+  int m = static_cast<int>(sqrtf(static_cast<float>(key_tiles)) * (1.f / 3.f) + 0.5f);
+  m = m < 1 ? 1 : m;
+  const int64_t up = 6 * static_cast<int64_t>(m) + 3, down = 6 * static_cast<int64_t>(m) - 3;
+  if (up * up <= k4) return m + 1;              // the estimate rounded down
+  if (m > 1 && down * down > k4) return m - 1;  // the estimate rounded up
   return m;
 }
 
+// kAuto: the configuration may be handed min_tiles = 0 (the Hopper plan) and then cuts by
+// auto_split_tiles; otherwise a split is at least one tile, and the rule's code is not compiled in.
+template <bool kAuto>
 __host__ __device__ __forceinline__ SplitWork split_work(int prefix_len, int qo_len, int num_splits,
                                                          int min_tiles, int bn) {
   SplitWork w;
@@ -108,7 +116,7 @@ __host__ __device__ __forceinline__ SplitWork split_work(int prefix_len, int qo_
     w.active = 0;
     return w;
   }
-  if (min_tiles <= 0) min_tiles = auto_split_tiles(w.key_tiles);  // min_keys_per_split = 0: the device's choice
+  if (min_tiles <= 0) min_tiles = kAuto ? auto_split_tiles(w.key_tiles) : 1;  // 0: the device's choice (h29)
   int s = (w.key_tiles + min_tiles - 1) / min_tiles;
   s = s < num_splits ? s : num_splits;
   s = s < 1 ? 1 : s;
@@ -158,7 +166,7 @@ struct CtaWork {
   int t_end;
 };
 
-template <int kM, int kBN>
+template <int kM, int kBN, bool kAutoSplit>
 __device__ __forceinline__ bool cta_work(const KdtreeVerifyParams& p, int b, int row_tile, int split, CtaWork& cw) {
   cw.req = load_request(p, b);
   cw.rows = cw.req.n * p.num_heads;
@@ -166,7 +174,7 @@ __device__ __forceinline__ bool cta_work(const KdtreeVerifyParams& p, int b, int
   // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
   // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
   if (p.custom_mask != nullptr && static_cast<int64_t>(cw.req.n) * (cw.req.prefix + cw.req.n) > 0x7fffffffLL) __trap();
-  cw.w = split_work(cw.req.prefix, cw.req.n, p.num_splits, min_tiles_per_split(p.min_keys_per_split, kBN), kBN);
+  cw.w = split_work<kAutoSplit>(cw.req.prefix, cw.req.n, p.num_splits, min_tiles_per_split(p.min_keys_per_split, kBN), kBN);
   cw.t_begin = split * cw.w.tiles_per_split;
   if (cw.t_begin >= cw.w.key_tiles) return false;
   cw.t_end = min(cw.w.key_tiles, cw.t_begin + cw.w.tiles_per_split);
@@ -506,7 +514,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int h = warp / Cfg::kRG;
 
   CtaWork cw;
-  if (!cta_work<Cfg::kM, Cfg::kBN>(p, b, row_tile, split, cw)) return;
+  if (!cta_work<Cfg::kM, Cfg::kBN, Cfg::kAutoSplitLength>(p, b, row_tile, split, cw)) return;
   const RequestView& req = cw.req;
   const SplitWork& w = cw.w;
   const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
