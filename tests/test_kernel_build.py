@@ -52,6 +52,8 @@ def test_hopper_kernel_built_for_sm90a_without_spills_or_wgmma_serialisation(rep
     # h29: one wave of CTAs planned (2 row tiles: 66 splits); the split length is the device's (0).
     assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.num_splits == 66
     assert plan.min_keys_per_split == 0
+    assert lib.kdtree_verify_plan(1, 8, 8, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
+    assert plan.row_tiles == 1 and plan.num_splits == 66  # at most half the SMs' worth of splits (h29b)
     assert lib.kdtree_verify_plan(8, 8, 8, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
     assert plan.row_tiles == 1 and plan.num_splits == 16  # 8 row tiles: the whole GPU (h4 -> h5)
 
