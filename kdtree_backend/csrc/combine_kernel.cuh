@@ -46,8 +46,7 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   const RequestView req = load_request(p, b);
   const int H = p.num_heads;
   if (r >= req.n * H) return;
-  const SplitWork w = split_work<Cfg::kAutoSplitLength>(req.prefix, req.n, p.num_splits,
-                                 min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
+  const SplitWork w = request_split_work<Cfg>(p, req);
   if (w.active <= 1) return;
 
   const int64_t rows_per_split = static_cast<int64_t>(num_row_tiles) * Cfg::kM;

@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   KDTREE_TL(0);
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
   CtaWork cw;
-  if (!cta_work<Cfg::kM, Cfg::kBN, Cfg::kAutoSplitLength>(p, b, row_tile, split, cw)) return;
+  if (!cta_work<Cfg>(p, b, row_tile, split, cw)) return;
   KDTREE_TL(1);
   const RequestView& req = cw.req;
   const SplitWork& w = cw.w;

@@ -155,6 +155,14 @@ __host__ __device__ __forceinline__ int min_tiles_per_split(int min_keys, int bn
   return t < 1 ? 1 : t;
 }
 
+// How a request's keys are cut for configuration Cfg: the one place the verify kernels and the
+// split combine compute it, so they always agree on a request's splits.
+template <class Cfg>
+__device__ __forceinline__ SplitWork request_split_work(const KdtreeVerifyParams& p, const RequestView& req) {
+  return split_work<Cfg::kAutoSplitLength>(req.prefix, req.n, p.num_splits,
+                                           min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
+}
+
 // What one CTA (a row tile x one KV split of one request) works on. Both kernels start here: the
 // grid is sized for the longest request and the most splits, and each CTA reads its real work
 // on the device (CUDA-graph replays change the lengths). False: nothing to do, exit.
@@ -166,15 +174,15 @@ struct CtaWork {
   int t_end;
 };
 
-template <int kM, int kBN, bool kAutoSplit>
+template <class Cfg>
 __device__ __forceinline__ bool cta_work(const KdtreeVerifyParams& p, int b, int row_tile, int split, CtaWork& cw) {
   cw.req = load_request(p, b);
   cw.rows = cw.req.n * p.num_heads;
-  if (row_tile * kM >= cw.rows) return false;
+  if (row_tile * Cfg::kM >= cw.rows) return false;
   // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
   // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
   if (p.custom_mask != nullptr && static_cast<int64_t>(cw.req.n) * (cw.req.prefix + cw.req.n) > 0x7fffffffLL) __trap();
-  cw.w = split_work<kAutoSplit>(cw.req.prefix, cw.req.n, p.num_splits, min_tiles_per_split(p.min_keys_per_split, kBN), kBN);
+  cw.w = request_split_work<Cfg>(p, cw.req);
   cw.t_begin = split * cw.w.tiles_per_split;
   if (cw.t_begin >= cw.w.key_tiles) return false;
   cw.t_end = min(cw.w.key_tiles, cw.t_begin + cw.w.tiles_per_split);
@@ -514,7 +522,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int h = warp / Cfg::kRG;
 
   CtaWork cw;
-  if (!cta_work<Cfg::kM, Cfg::kBN, Cfg::kAutoSplitLength>(p, b, row_tile, split, cw)) return;
+  if (!cta_work<Cfg>(p, b, row_tile, split, cw)) return;
   const RequestView& req = cw.req;
   const SplitWork& w = cw.w;
   const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
