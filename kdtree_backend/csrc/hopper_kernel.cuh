@@ -72,6 +72,16 @@ constexpr bool kWg1SkipRescale = false;
 constexpr bool kWg1SkipRescale = true;
 #endif
 
+// h30 (experiment): how many of Q's nine 64-column atoms WG0 keeps in registers for QK^T (wgmma
+// with A from registers), to take their 2 KB-per-k16 reads off shared memory, the QK^T phase's
+// bound. -DKDTREE_Q_REG_ATOMS=N.
+#ifdef KDTREE_Q_REG_ATOMS
+constexpr int kQRegAtoms = KDTREE_Q_REG_ATOMS;
+#else
+constexpr int kQRegAtoms = 0;
+#endif
+static_assert(kQRegAtoms >= 0 && kQRegAtoms <= 9, "Q has nine column atoms");
+
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
 
 // V (N-major) descriptor offsets: 64-column atoms kAtomBytes apart (leading), 8-key groups 1024 B
@@ -567,6 +577,18 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     constexpr float kLog2e = 1.4426950408889634f;
     const float prefix_scale = p.sm_scale * p.k_scale * kLog2e, draft_scale = p.sm_scale * kLog2e;
     const float log2_vs = kFold ? log2f(p.v_scale) : 0.f, inv_vs = kFold ? 1.f / p.v_scale : 1.f;
+    // h30: Q's last kQRegAtoms column atoms as wgmma A fragments in registers, loaded once.
+    uint32_t qa[kQRegAtoms > 0 ? kQRegAtoms * 4 : 1][4];
+    if (kQRegAtoms > 0) {
+      const int qrow = warp_in_wg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int a = 0; a < kQRegAtoms; ++a)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t addr = sQ + (Cfg::kAtoms - kQRegAtoms + a) * Cfg::kAtomBytes + swizzled(qrow, 2 * k + (lane >> 4));
+          ldmatrix_x4(addr, qa[4 * a + k][0], qa[4 * a + k][1], qa[4 * a + k][2], qa[4 * a + k][3]);
+        }
+    }
     for (int i = 0; i < num_tiles; ++i) {
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
@@ -585,7 +607,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 36; ++ks) {
         const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
-        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
+        if (ks >= 36 - 4 * kQRegAtoms) {
+          wgmma_m64n64k16_rs_kmajor(s, qa[ks - (36 - 4 * kQRegAtoms)], desc_k + off, ks > 0);
+        } else {
+          wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
+        }
       }
       wgmma_commit();
       wgmma_wait<0>();
