@@ -82,6 +82,18 @@ constexpr int kQRegAtoms = 0;
 #endif
 static_assert(kQRegAtoms >= 0 && kQRegAtoms <= 9, "Q has nine column atoms");
 
+// h31 (experiment): WG1 asks L2 for the rows of the tile kL2PrefetchLead tiles past the one it
+// refills (prefetch.global.L2, one 128-byte line per request: no shared memory, no copy engine),
+// so that the refill's cp.async find them in L2. The row tiles of a request share its keys, so
+// each CTA prefetches only the keys k with k % (the request's row tiles) == its row tile.
+// -DKDTREE_L2_PREFETCH_LEAD=N (1 or 2); 0 (default): off.
+#ifdef KDTREE_L2_PREFETCH_LEAD
+constexpr int kL2PrefetchLead = KDTREE_L2_PREFETCH_LEAD;
+#else
+constexpr int kL2PrefetchLead = 0;
+#endif
+static_assert(kL2PrefetchLead >= 0 && kL2PrefetchLead <= 4, "prefetch lead in tiles");
+
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
 
 // V (N-major) descriptor offsets: 64-column atoms kAtomBytes apart (leading), 8-key groups 1024 B
@@ -520,6 +532,24 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     }
     cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
+  // h31: thread j of WG1 prefetches key j / 2 of a tile, lines 0-4 (j even) or 5-8 (j odd) of its
+  // 9 x 128-byte row, if that key is this row tile's share. Its slot id is loaded one refill ahead.
+  const int pf_key = j >> 1;
+  const int pf_row_tiles = (rows + Cfg::kM - 1) / Cfg::kM;
+  const bool pf_mine = kL2PrefetchLead > 0 && pf_key % pf_row_tiles == row_tile % pf_row_tiles;
+  auto fetch_pf_slot = [&](int tile) -> int64_t {
+    if (!pf_mine || tile >= t_end || tile >= w.prefix_tiles) return -1;
+    const int key = tile * Cfg::kBN + pf_key;
+    return key < req.prefix ? __ldg(kv_indices + req.kv0 + key) : -1;
+  };
+  auto prefetch_l2 = [&](int64_t slot) {
+    if (slot < 0 || slot >= p.kv_num_slots) return;
+    const char* row = reinterpret_cast<const char*>(kv + slot * p.kv_stride_slot);
+    const int l0 = (j & 1) * 5, nl = (j & 1) ? 4 : 5;
+#pragma unroll
+    for (int l = 0; l < 5; ++l)
+      if (l < nl) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + (l0 + l) * 128));
+  };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
   // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
@@ -533,8 +563,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   uint32_t first_bits[2] = {0u, 0u};
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
+  int64_t pf_slot = -1;
   if (wg == 1) {
     issue_tile(t_begin, slots);
+    if (kL2PrefetchLead > 0) {
+#pragma unroll
+      for (int d = 2; d < 2 + kL2PrefetchLead; ++d) prefetch_l2(fetch_pf_slot(t_begin + d));
+      pf_slot = fetch_pf_slot(t_begin + 2 + kL2PrefetchLead);
+    }
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
     fetch_slots(t_begin + 1, slots);
 #else
@@ -748,6 +784,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
         issue_tile(t_begin + i + 2, slots);
         fetch_slots(t_begin + i + 3, slots);
+        if (kL2PrefetchLead > 0) {  // the tile kL2PrefetchLead refills ahead of this one
+          prefetch_l2(pf_slot);
+          pf_slot = fetch_pf_slot(t_begin + i + 3 + kL2PrefetchLead);
+        }
       }
     }
     named_barrier(kBarFinal, 256);
