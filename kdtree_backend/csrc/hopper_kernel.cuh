@@ -34,10 +34,28 @@
 namespace kdtree {
 namespace hopper {
 
+// h32 (experiment): a ninth warp whose only job is to pull the rows of the tiles ahead of the
+// refill into L2, kHopperPrefetchLead refills ahead, so that HBM-bound refills hit L2. Its own warp
+// because a prefetch from WG1 stalled WG1 (h31). 1: prefetch.global.L2 per 128-byte line;
+// 2: cp.async.bulk.prefetch.L2 per 1,152-byte row. -DKDTREE_PREFETCH_WARP=1|2,
+// -DKDTREE_PREFETCH_LEAD=N (default 2); 0 (default): no such warp.
+#ifdef KDTREE_PREFETCH_WARP
+constexpr int kHopperPrefetchWarp = KDTREE_PREFETCH_WARP;
+#else
+constexpr int kHopperPrefetchWarp = 0;
+#endif
+#ifdef KDTREE_PREFETCH_LEAD
+constexpr int kHopperPrefetchLead = KDTREE_PREFETCH_LEAD;
+#else
+constexpr int kHopperPrefetchLead = 2;
+#endif
+
 struct HopperConfig {
   static constexpr int kM = 64;        // query rows per CTA (one wgmma M)
   static constexpr int kBN = 64;       // keys per tile
-  static constexpr int kThreads = 256;
+  // h32: a third warpgroup (registers are handed out per warpgroup); setmaxnreg moves its share
+  // to WG0 and WG1 (24 + 2 x 240 = 3 x 168).
+  static constexpr int kThreads = 256 + (kHopperPrefetchWarp ? 128 : 0);
   static constexpr bool kAutoSplitLength = true;  // the Hopper plan leaves the split length to the device (h29)
   static constexpr int kAtomBytes = 64 * 128;              // 64 rows x 64 bf16 columns
   static constexpr int kAtoms = kQkDim / 64;               // 9 column atoms per 576-wide block
@@ -52,7 +70,8 @@ struct HopperConfig {
   static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
   static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
-  static constexpr int kSmemBytes = kQBarOff + 8;
+  static constexpr int kRefillOff = kQBarOff + 8;  // int: the last refill WG1 issued (h32's pacing)
+  static constexpr int kSmemBytes = kQBarOff + 8 + (kHopperPrefetchWarp ? 8 : 0);
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
@@ -71,28 +90,6 @@ constexpr bool kWg1SkipRescale = false;
 #else
 constexpr bool kWg1SkipRescale = true;
 #endif
-
-// h30 (experiment): how many of Q's nine 64-column atoms WG0 keeps in registers for QK^T (wgmma
-// with A from registers), to take their 2 KB-per-k16 reads off shared memory, the QK^T phase's
-// bound. -DKDTREE_Q_REG_ATOMS=N.
-#ifdef KDTREE_Q_REG_ATOMS
-constexpr int kQRegAtoms = KDTREE_Q_REG_ATOMS;
-#else
-constexpr int kQRegAtoms = 0;
-#endif
-static_assert(kQRegAtoms >= 0 && kQRegAtoms <= 9, "Q has nine column atoms");
-
-// h31 (experiment): WG1 asks L2 for the rows of the tile kL2PrefetchLead tiles past the one it
-// refills (prefetch.global.L2, one 128-byte line per request: no shared memory, no copy engine),
-// so that the refill's cp.async find them in L2. The row tiles of a request share its keys, so
-// each CTA prefetches only the keys k with k % (the request's row tiles) == its row tile.
-// -DKDTREE_L2_PREFETCH_LEAD=N (1 or 2); 0 (default): off.
-#ifdef KDTREE_L2_PREFETCH_LEAD
-constexpr int kL2PrefetchLead = KDTREE_L2_PREFETCH_LEAD;
-#else
-constexpr int kL2PrefetchLead = 0;
-#endif
-static_assert(kL2PrefetchLead >= 0 && kL2PrefetchLead <= 4, "prefetch lead in tiles");
 
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
 
@@ -456,6 +453,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     mbar_init(bar_empty, 128);
     mbar_init(bar_empty + 8, 128);
     mbar_init(bar_q, 1);
+    if (kHopperPrefetchWarp) *reinterpret_cast<int*>(g_hopper_smem + Cfg::kRefillOff) = 1;
     fence_mbarrier_init();  // the copy engine sees the initialised barrier
     if (tma_q) {
       const int r0 = row_tile * Cfg::kM;
@@ -532,24 +530,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     }
     cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
-  // h31: thread j of WG1 prefetches key j / 2 of a tile, lines 0-4 (j even) or 5-8 (j odd) of its
-  // 9 x 128-byte row, if that key is this row tile's share. Its slot id is loaded one refill ahead.
-  const int pf_key = j >> 1;
-  const int pf_row_tiles = (rows + Cfg::kM - 1) / Cfg::kM;
-  const bool pf_mine = kL2PrefetchLead > 0 && pf_key % pf_row_tiles == row_tile % pf_row_tiles;
-  auto fetch_pf_slot = [&](int tile) -> int64_t {
-    if (!pf_mine || tile >= t_end || tile >= w.prefix_tiles) return -1;
-    const int key = tile * Cfg::kBN + pf_key;
-    return key < req.prefix ? __ldg(kv_indices + req.kv0 + key) : -1;
-  };
-  auto prefetch_l2 = [&](int64_t slot) {
-    if (slot < 0 || slot >= p.kv_num_slots) return;
-    const char* row = reinterpret_cast<const char*>(kv + slot * p.kv_stride_slot);
-    const int l0 = (j & 1) * 5, nl = (j & 1) ? 4 : 5;
-#pragma unroll
-    for (int l = 0; l < 5; ++l)
-      if (l < nl) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + (l0 + l) * 128));
-  };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
   // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
@@ -558,19 +538,13 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   int64_t slots[4];
   if (wg == 1) fetch_slots(t_begin, slots);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
-  if (!tma_q) load_q();
+  if (!tma_q && (kHopperPrefetchWarp == 0 || wg < 2)) load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
   uint32_t first_bits[2] = {0u, 0u};
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
-  int64_t pf_slot = -1;
   if (wg == 1) {
     issue_tile(t_begin, slots);
-    if (kL2PrefetchLead > 0) {
-#pragma unroll
-      for (int d = 2; d < 2 + kL2PrefetchLead; ++d) prefetch_l2(fetch_pf_slot(t_begin + d));
-      pf_slot = fetch_pf_slot(t_begin + 2 + kL2PrefetchLead);
-    }
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
     fetch_slots(t_begin + 1, slots);
 #else
@@ -591,6 +565,36 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   __syncthreads();  // Q visible to everyone
   KDTREE_TL(3);
 
+  if (kHopperPrefetchWarp && wg == 2) {
+    // ======================= prefetch warpgroup (h32) =======================
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (warp_in_wg != 0) return;  // one warp is enough: 64 keys a tile
+    // Prefix tile r (relative) is pulled into L2 once WG1 has issued the refill of r - lead; each
+    // row tile of the request takes the keys k with k % (its row tiles) == its row tile.
+    const int row_tiles_here = (rows + Cfg::kM - 1) / Cfg::kM;
+    const int share = row_tile % row_tiles_here;
+    int* refilled = reinterpret_cast<int*>(g_hopper_smem + Cfg::kRefillOff);
+    for (int r = 2; r < num_tiles && t_begin + r < w.prefix_tiles; ++r) {
+      while (atomicAdd(refilled, 0) < r - kHopperPrefetchLead) __nanosleep(256);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k = lane + 32 * h;
+        const int key = (t_begin + r) * Cfg::kBN + k;
+        if (k % row_tiles_here != share || key >= req.prefix) continue;
+        const int64_t slot = __ldg(kv_indices + req.kv0 + key);
+        if (slot < 0 || slot >= p.kv_num_slots) continue;
+        const char* row = reinterpret_cast<const char*>(kv + slot * p.kv_stride_slot);
+        if (kHopperPrefetchWarp == 1) {
+#pragma unroll
+          for (int l = 0; l < kRowBytes / 128; ++l) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + l * 128));
+        } else {
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(kRowBytes) : "memory");
+        }
+      }
+    }
+    return;
+  }
+
   float o[128];
   const bool direct = w.active == 1;
   const int num_row_tiles = gridDim.x;
@@ -602,6 +606,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
 #endif
 
+  if (kHopperPrefetchWarp) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   if (wg == 0) {
     // =========================== math warpgroup ===========================
     SoftmaxState st;
@@ -613,18 +618,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     constexpr float kLog2e = 1.4426950408889634f;
     const float prefix_scale = p.sm_scale * p.k_scale * kLog2e, draft_scale = p.sm_scale * kLog2e;
     const float log2_vs = kFold ? log2f(p.v_scale) : 0.f, inv_vs = kFold ? 1.f / p.v_scale : 1.f;
-    // h30: Q's last kQRegAtoms column atoms as wgmma A fragments in registers, loaded once.
-    uint32_t qa[kQRegAtoms > 0 ? kQRegAtoms * 4 : 1][4];
-    if (kQRegAtoms > 0) {
-      const int qrow = warp_in_wg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int a = 0; a < kQRegAtoms; ++a)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t addr = sQ + (Cfg::kAtoms - kQRegAtoms + a) * Cfg::kAtomBytes + swizzled(qrow, 2 * k + (lane >> 4));
-          ldmatrix_x4(addr, qa[4 * a + k][0], qa[4 * a + k][1], qa[4 * a + k][2], qa[4 * a + k][3]);
-        }
-    }
     for (int i = 0; i < num_tiles; ++i) {
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
@@ -643,11 +636,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 36; ++ks) {
         const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
-        if (ks >= 36 - 4 * kQRegAtoms) {
-          wgmma_m64n64k16_rs_kmajor(s, qa[ks - (36 - 4 * kQRegAtoms)], desc_k + off, ks > 0);
-        } else {
-          wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
-        }
+        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -784,10 +773,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
         issue_tile(t_begin + i + 2, slots);
         fetch_slots(t_begin + i + 3, slots);
-        if (kL2PrefetchLead > 0) {  // the tile kL2PrefetchLead refills ahead of this one
-          prefetch_l2(pf_slot);
-          pf_slot = fetch_pf_slot(t_begin + i + 3 + kL2PrefetchLead);
-        }
+        if (kHopperPrefetchWarp && tid == 128) atomicExch(reinterpret_cast<int*>(g_hopper_smem + Cfg::kRefillOff), i + 2);
       }
     }
     named_barrier(kBarFinal, 256);
