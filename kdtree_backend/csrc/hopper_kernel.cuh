@@ -34,28 +34,10 @@
 namespace kdtree {
 namespace hopper {
 
-// h32 (experiment): a ninth warp whose only job is to pull the rows of the tiles ahead of the
-// refill into L2, kHopperPrefetchLead refills ahead, so that HBM-bound refills hit L2. Its own warp
-// because a prefetch from WG1 stalled WG1 (h31). 1: prefetch.global.L2 per 128-byte line;
-// 2: cp.async.bulk.prefetch.L2 per 1,152-byte row. -DKDTREE_PREFETCH_WARP=1|2,
-// -DKDTREE_PREFETCH_LEAD=N (default 2); 0 (default): no such warp.
-#ifdef KDTREE_PREFETCH_WARP
-constexpr int kHopperPrefetchWarp = KDTREE_PREFETCH_WARP;
-#else
-constexpr int kHopperPrefetchWarp = 0;
-#endif
-#ifdef KDTREE_PREFETCH_LEAD
-constexpr int kHopperPrefetchLead = KDTREE_PREFETCH_LEAD;
-#else
-constexpr int kHopperPrefetchLead = 2;
-#endif
-
 struct HopperConfig {
   static constexpr int kM = 64;        // query rows per CTA (one wgmma M)
   static constexpr int kBN = 64;       // keys per tile
-  // h32: a third warpgroup (registers are handed out per warpgroup); setmaxnreg moves its share
-  // to WG0 and WG1 (24 + 2 x 240 = 3 x 168).
-  static constexpr int kThreads = 256 + (kHopperPrefetchWarp ? 128 : 0);
+  static constexpr int kThreads = 256;
   static constexpr bool kAutoSplitLength = true;  // the Hopper plan leaves the split length to the device (h29)
   static constexpr int kAtomBytes = 64 * 128;              // 64 rows x 64 bf16 columns
   static constexpr int kAtoms = kQkDim / 64;               // 9 column atoms per 576-wide block
@@ -70,8 +52,7 @@ struct HopperConfig {
   static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
   static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
-  static constexpr int kRefillOff = kQBarOff + 8;  // int: the last refill WG1 issued (h32's pacing)
-  static constexpr int kSmemBytes = kQBarOff + 8 + (kHopperPrefetchWarp ? 8 : 0);
+  static constexpr int kSmemBytes = kQBarOff + 8;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
@@ -297,6 +278,76 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
   }
 }
 
+// h33 (experiment): the same online softmax with the exp2s taken against the current reference
+// max first, and the row max (max tree, two shuffles, compare, vote) computed beside them instead
+// of in front of them. The lazy rescale moves a row's reference only when its max rises by more
+// than kRescaleThreshold, so after a row's first keys the speculative P is almost always the
+// final one; a warp where some row moved recomputes that row's P from the scores. Rows that do
+// not move have s * scale - m <= 8 + log2 ps, so their speculative P is finite. -DKDTREE_SPEC_SOFTMAX.
+template <bool kFold>
+__device__ __forceinline__ void online_softmax_spec(const float (&s)[32], float (&pr)[32], SoftmaxState& st,
+                                                    float (&alpha)[2], bool& any_move, float scale, float log2_ps,
+                                                    float inv_ps) {
+  constexpr float kRescaleThreshold = 8.f;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
+    const float shift = log2_ps - base;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float x = s[nb * 4 + 2 * rr + e];
+        pr[nb * 4 + 2 * rr + e] = fast_exp2(kFold ? fmaf(x, scale, shift) : x - base);
+      }
+  }
+  bool move[2];
+  float mxs[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb * 4 + 2 * rr], s[nb * 4 + 2 * rr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (kFold) mx *= scale;
+    mxs[rr] = mx;
+    move[rr] = mx > st.m[rr] + kRescaleThreshold;
+    alpha[rr] = 1.f;
+  }
+  any_move = __any_sync(0xffffffffu, move[0] || move[1]);
+  if (any_move) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      if (move[rr]) {
+        alpha[rr] = fast_exp2(st.m[rr] - mxs[rr]);  // m = -inf -> 0 (l and O are 0)
+        st.l[rr] *= alpha[rr];
+        st.m[rr] = mxs[rr];
+        const float shift = log2_ps - mxs[rr];
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = s[nb * 4 + 2 * rr + e];
+            pr[nb * 4 + 2 * rr + e] = fast_exp2(kFold ? fmaf(x, scale, shift) : x - mxs[rr]);
+          }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float sum = 0.f;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) sum += pr[nb * 4 + 2 * rr] + pr[nb * 4 + 2 * rr + 1];
+    st.l[rr] += kFold ? sum * inv_ps : sum;
+  }
+}
+#ifdef KDTREE_SPEC_SOFTMAX
+constexpr bool kSpecSoftmax = true;
+#else
+constexpr bool kSpecSoftmax = false;
+#endif
+
 __device__ __forceinline__ void rescale(float (&o)[128], const float (&alpha)[2]) {
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
@@ -453,7 +504,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     mbar_init(bar_empty, 128);
     mbar_init(bar_empty + 8, 128);
     mbar_init(bar_q, 1);
-    if (kHopperPrefetchWarp) *reinterpret_cast<int*>(g_hopper_smem + Cfg::kRefillOff) = 1;
     fence_mbarrier_init();  // the copy engine sees the initialised barrier
     if (tma_q) {
       const int r0 = row_tile * Cfg::kM;
@@ -538,7 +588,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   int64_t slots[4];
   if (wg == 1) fetch_slots(t_begin, slots);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
-  if (!tma_q && (kHopperPrefetchWarp == 0 || wg < 2)) load_q();
+  if (!tma_q) load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
   uint32_t first_bits[2] = {0u, 0u};
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
@@ -565,36 +615,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   __syncthreads();  // Q visible to everyone
   KDTREE_TL(3);
 
-  if (kHopperPrefetchWarp && wg == 2) {
-    // ======================= prefetch warpgroup (h32) =======================
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    if (warp_in_wg != 0) return;  // one warp is enough: 64 keys a tile
-    // Prefix tile r (relative) is pulled into L2 once WG1 has issued the refill of r - lead; each
-    // row tile of the request takes the keys k with k % (its row tiles) == its row tile.
-    const int row_tiles_here = (rows + Cfg::kM - 1) / Cfg::kM;
-    const int share = row_tile % row_tiles_here;
-    int* refilled = reinterpret_cast<int*>(g_hopper_smem + Cfg::kRefillOff);
-    for (int r = 2; r < num_tiles && t_begin + r < w.prefix_tiles; ++r) {
-      while (atomicAdd(refilled, 0) < r - kHopperPrefetchLead) __nanosleep(256);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int k = lane + 32 * h;
-        const int key = (t_begin + r) * Cfg::kBN + k;
-        if (k % row_tiles_here != share || key >= req.prefix) continue;
-        const int64_t slot = __ldg(kv_indices + req.kv0 + key);
-        if (slot < 0 || slot >= p.kv_num_slots) continue;
-        const char* row = reinterpret_cast<const char*>(kv + slot * p.kv_stride_slot);
-        if (kHopperPrefetchWarp == 1) {
-#pragma unroll
-          for (int l = 0; l < kRowBytes / 128; ++l) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + l * 128));
-        } else {
-          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(row), "r"(kRowBytes) : "memory");
-        }
-      }
-    }
-    return;
-  }
-
   float o[128];
   const bool direct = w.active == 1;
   const int num_row_tiles = gridDim.x;
@@ -606,7 +626,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
 #endif
 
-  if (kHopperPrefetchWarp) asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
   if (wg == 0) {
     // =========================== math warpgroup ===========================
     SoftmaxState st;
@@ -648,17 +667,24 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       scale_and_mask<kFold>(s, p, is_prefix, tile_scale, key_base, req.prefix, req.n, row0, lane, first_bits);
       float alpha[2];
       bool any_move;
-      online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
+      float pr_buf[kSpecSoftmax ? 32 : 1];
+      float(&pr)[32] = *reinterpret_cast<float(*)[32]>(kSpecSoftmax ? pr_buf : s);
+      if (kSpecSoftmax) {
+        online_softmax_spec<kFold>(s, pr, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f,
+                                   is_prefix ? inv_vs : 1.f);
+      } else {
+        online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
+      }
 
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
       const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
       uint32_t pa[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
-        pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
-        pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
-        pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
+        pa[kk][0] = pack_bf16x2(pr[8 * kk + 0] * ps, pr[8 * kk + 1] * ps);
+        pa[kk][1] = pack_bf16x2(pr[8 * kk + 2] * ps, pr[8 * kk + 3] * ps);
+        pa[kk][2] = pack_bf16x2(pr[8 * kk + 4] * ps, pr[8 * kk + 5] * ps);
+        pa[kk][3] = pack_bf16x2(pr[8 * kk + 6] * ps, pr[8 * kk + 7] * ps);
       }
       if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
       {
@@ -773,7 +799,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
         issue_tile(t_begin + i + 2, slots);
         fetch_slots(t_begin + i + 3, slots);
-        if (kHopperPrefetchWarp && tid == 128) atomicExch(reinterpret_cast<int*>(g_hopper_smem + Cfg::kRefillOff), i + 2);
       }
     }
     named_barrier(kBarFinal, 256);
