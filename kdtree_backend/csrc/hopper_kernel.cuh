@@ -278,76 +278,6 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
   }
 }
 
-// h33 (experiment): the same online softmax with the exp2s taken against the current reference
-// max first, and the row max (max tree, two shuffles, compare, vote) computed beside them instead
-// of in front of them. The lazy rescale moves a row's reference only when its max rises by more
-// than kRescaleThreshold, so after a row's first keys the speculative P is almost always the
-// final one; a warp where some row moved recomputes that row's P from the scores. Rows that do
-// not move have s * scale - m <= 8 + log2 ps, so their speculative P is finite. -DKDTREE_SPEC_SOFTMAX.
-template <bool kFold>
-__device__ __forceinline__ void online_softmax_spec(const float (&s)[32], float (&pr)[32], SoftmaxState& st,
-                                                    float (&alpha)[2], bool& any_move, float scale, float log2_ps,
-                                                    float inv_ps) {
-  constexpr float kRescaleThreshold = 8.f;
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
-    const float shift = log2_ps - base;
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float x = s[nb * 4 + 2 * rr + e];
-        pr[nb * 4 + 2 * rr + e] = fast_exp2(kFold ? fmaf(x, scale, shift) : x - base);
-      }
-  }
-  bool move[2];
-  float mxs[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb * 4 + 2 * rr], s[nb * 4 + 2 * rr + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    if (kFold) mx *= scale;
-    mxs[rr] = mx;
-    move[rr] = mx > st.m[rr] + kRescaleThreshold;
-    alpha[rr] = 1.f;
-  }
-  any_move = __any_sync(0xffffffffu, move[0] || move[1]);
-  if (any_move) {
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      if (move[rr]) {
-        alpha[rr] = fast_exp2(st.m[rr] - mxs[rr]);  // m = -inf -> 0 (l and O are 0)
-        st.l[rr] *= alpha[rr];
-        st.m[rr] = mxs[rr];
-        const float shift = log2_ps - mxs[rr];
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float x = s[nb * 4 + 2 * rr + e];
-            pr[nb * 4 + 2 * rr + e] = fast_exp2(kFold ? fmaf(x, scale, shift) : x - mxs[rr]);
-          }
-      }
-    }
-  }
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float sum = 0.f;
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) sum += pr[nb * 4 + 2 * rr] + pr[nb * 4 + 2 * rr + 1];
-    st.l[rr] += kFold ? sum * inv_ps : sum;
-  }
-}
-#ifdef KDTREE_SPEC_SOFTMAX
-constexpr bool kSpecSoftmax = true;
-#else
-constexpr bool kSpecSoftmax = false;
-#endif
-
 __device__ __forceinline__ void rescale(float (&o)[128], const float (&alpha)[2]) {
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
@@ -667,24 +597,17 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       scale_and_mask<kFold>(s, p, is_prefix, tile_scale, key_base, req.prefix, req.n, row0, lane, first_bits);
       float alpha[2];
       bool any_move;
-      float pr_buf[kSpecSoftmax ? 32 : 1];
-      float(&pr)[32] = *reinterpret_cast<float(*)[32]>(kSpecSoftmax ? pr_buf : s);
-      if (kSpecSoftmax) {
-        online_softmax_spec<kFold>(s, pr, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f,
-                                   is_prefix ? inv_vs : 1.f);
-      } else {
-        online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
-      }
+      online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
 
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
       const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
       uint32_t pa[4][4];
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = pack_bf16x2(pr[8 * kk + 0] * ps, pr[8 * kk + 1] * ps);
-        pa[kk][1] = pack_bf16x2(pr[8 * kk + 2] * ps, pr[8 * kk + 3] * ps);
-        pa[kk][2] = pack_bf16x2(pr[8 * kk + 4] * ps, pr[8 * kk + 5] * ps);
-        pa[kk][3] = pack_bf16x2(pr[8 * kk + 6] * ps, pr[8 * kk + 7] * ps);
+        pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
+        pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
+        pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
+        pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
       }
       if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
       {
