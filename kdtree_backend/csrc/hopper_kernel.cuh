@@ -278,6 +278,55 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
   }
 }
 
+// h34 (experiment): the same online softmax in two steps, so that WG0's PV of the tile's first 32
+// keys can run on the tensor pipe while the exp2s of the last 32 are computed. Step 1: the row max,
+// the move decision, alpha and the state (as online_softmax's first loop). Step 2, per key half:
+// the exp2s of keys 32h..32h+31 (s[16h..16h+15]) and their row sums. The results are online_softmax's.
+// -DKDTREE_PV_SPLIT.
+#ifdef KDTREE_PV_SPLIT
+constexpr bool kPvSplit = true;
+#else
+constexpr bool kPvSplit = false;
+#endif
+template <bool kFold>
+__device__ __forceinline__ void softmax_rows(const float (&s)[32], SoftmaxState& st, float (&alpha)[2],
+                                             bool& any_move, float scale) {
+  constexpr float kRescaleThreshold = 8.f;
+  bool move[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb * 4 + 2 * rr], s[nb * 4 + 2 * rr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (kFold) mx *= scale;
+    move[rr] = mx > st.m[rr] + kRescaleThreshold;
+    const float m_new = move[rr] ? mx : st.m[rr];
+    alpha[rr] = move[rr] ? fast_exp2(st.m[rr] - m_new) : 1.f;
+    st.l[rr] *= alpha[rr];
+    st.m[rr] = m_new;
+  }
+  any_move = __any_sync(0xffffffffu, move[0] || move[1]);
+}
+template <bool kFold, int kHalf>
+__device__ __forceinline__ void softmax_exp_half(float (&s)[32], const SoftmaxState& st, float (&sum)[2], float scale,
+                                                 float log2_ps) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
+    const float shift = log2_ps - base;
+#pragma unroll
+    for (int nb = 4 * kHalf; nb < 4 * kHalf + 4; ++nb) {
+      float& a = s[nb * 4 + 2 * rr];
+      float& b = s[nb * 4 + 2 * rr + 1];
+      a = fast_exp2(kFold ? fmaf(a, scale, shift) : a - base);
+      b = fast_exp2(kFold ? fmaf(b, scale, shift) : b - base);
+      sum[rr] += a + b;
+    }
+  }
+}
+
 __device__ __forceinline__ void rescale(float (&o)[128], const float (&alpha)[2]) {
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
@@ -597,13 +646,40 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       scale_and_mask<kFold>(s, p, is_prefix, tile_scale, key_base, req.prefix, req.n, row0, lane, first_bits);
       float alpha[2];
       bool any_move;
-      online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
+      uint32_t pa[4][4];
+      if (kPvSplit) {
+        const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
+        // h34: O is rescaled first; the first key half's P goes to the tensor pipe (PV k-steps 0-1)
+        // before the second half's exp2s; P reaches the helper whole, as before.
+        softmax_rows<kFold>(s, st, alpha, any_move, tile_scale);
+        if (any_move) rescale(o, alpha);
+        float sum[2] = {0.f, 0.f};
+        softmax_exp_half<kFold, 0>(s, st, sum, tile_scale, is_prefix ? log2_vs : 0.f);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) {
+          pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
+          pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
+          pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
+          pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
+        }
+        wgmma_fence_operand(o);
+        wgmma_fence();
+        const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+        wgmma_commit();
+        softmax_exp_half<kFold, 1>(s, st, sum, tile_scale, is_prefix ? log2_vs : 0.f);
+        const float inv_ps = kFold && is_prefix ? inv_vs : 1.f;
+        st.l[0] += sum[0] * inv_ps;
+        st.l[1] += sum[1] * inv_ps;
+      } else {
+        online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
+      }
 
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
       const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
-      uint32_t pa[4][4];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = kPvSplit ? 2 : 0; kk < 4; ++kk) {
         pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
         pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
         pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
@@ -630,12 +706,19 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       named_arrive(kBarPFull, 256);
 
       // O[:, 0:256] = alpha * O + P V[:, 0:256]
-      if (any_move) rescale(o, alpha);
-      wgmma_fence_operand(o);
-      wgmma_fence();
-      const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
+      if (kPvSplit) {
+        wgmma_fence();  // pa[2..3] were written after the first half's wgmmas were issued
+        const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+        for (int kk = 2; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+      } else {
+        if (any_move) rescale(o, alpha);
+        wgmma_fence_operand(o);
+        wgmma_fence();
+        const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+      }
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(o);
