@@ -284,10 +284,12 @@ __device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st,
 // the exp2s of keys 32h..32h+31 (s[16h..16h+15]) and their row sums. The results are online_softmax's.
 // -DKDTREE_PV_SPLIT.
 #ifdef KDTREE_PV_SPLIT
-constexpr bool kPvSplit = true;
+constexpr int kPvGroups = KDTREE_PV_SPLIT;  // 2: two k16 steps a group; 4: one
 #else
-constexpr bool kPvSplit = false;
+constexpr int kPvGroups = 1;
 #endif
+constexpr bool kPvSplit = kPvGroups > 1;
+static_assert(kPvGroups == 1 || kPvGroups == 2 || kPvGroups == 4, "PV groups of whole k16 steps");
 template <bool kFold>
 __device__ __forceinline__ void softmax_rows(const float (&s)[32], SoftmaxState& st, float (&alpha)[2],
                                              bool& any_move, float scale) {
@@ -309,15 +311,15 @@ __device__ __forceinline__ void softmax_rows(const float (&s)[32], SoftmaxState&
   }
   any_move = __any_sync(0xffffffffu, move[0] || move[1]);
 }
-template <bool kFold, int kHalf>
-__device__ __forceinline__ void softmax_exp_half(float (&s)[32], const SoftmaxState& st, float (&sum)[2], float scale,
-                                                 float log2_ps) {
+template <bool kFold>
+__device__ __forceinline__ void softmax_exp_range(float (&s)[32], const SoftmaxState& st, float (&sum)[2], float scale,
+                                                  float log2_ps, int nb0, int nb1) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
     const float shift = log2_ps - base;
 #pragma unroll
-    for (int nb = 4 * kHalf; nb < 4 * kHalf + 4; ++nb) {
+    for (int nb = nb0; nb < nb1; ++nb) {
       float& a = s[nb * 4 + 2 * rr];
       float& b = s[nb * 4 + 2 * rr + 1];
       a = fast_exp2(kFold ? fmaf(a, scale, shift) : a - base);
@@ -654,21 +656,26 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         softmax_rows<kFold>(s, st, alpha, any_move, tile_scale);
         if (any_move) rescale(o, alpha);
         float sum[2] = {0.f, 0.f};
-        softmax_exp_half<kFold, 0>(s, st, sum, tile_scale, is_prefix ? log2_vs : 0.f);
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) {
-          pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
-          pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
-          pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
-          pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
-        }
-        wgmma_fence_operand(o);
-        wgmma_fence();
+        constexpr int kSteps = 4 / kPvGroups;  // k16 steps (16 keys each) a group
         const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
+        wgmma_fence_operand(o);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
-        wgmma_commit();
-        softmax_exp_half<kFold, 1>(s, st, sum, tile_scale, is_prefix ? log2_vs : 0.f);
+        for (int g = 0; g < kPvGroups; ++g) {
+          softmax_exp_range<kFold>(s, st, sum, tile_scale, is_prefix ? log2_vs : 0.f, 2 * kSteps * g, 2 * kSteps * (g + 1));
+          if (g == kPvGroups - 1) break;  // the last group's P is packed and issued below, after P is shared
+#pragma unroll
+          for (int kk = kSteps * g; kk < kSteps * (g + 1); ++kk) {
+            pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
+            pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
+            pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
+            pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
+          }
+          wgmma_fence();
+#pragma unroll
+          for (int kk = kSteps * g; kk < kSteps * (g + 1); ++kk)
+            wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+          wgmma_commit();
+        }
         const float inv_ps = kFold && is_prefix ? inv_vs : 1.f;
         st.l[0] += sum[0] * inv_ps;
         st.l[1] += sum[1] * inv_ps;
@@ -679,7 +686,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
       const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
 #pragma unroll
-      for (int kk = kPvSplit ? 2 : 0; kk < 4; ++kk) {
+      for (int kk = 4 - 4 / kPvGroups; kk < 4; ++kk) {
         pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
         pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
         pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
@@ -710,7 +717,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         wgmma_fence();  // pa[2..3] were written after the first half's wgmmas were issued
         const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
 #pragma unroll
-        for (int kk = 2; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+        for (int kk = 4 - 4 / kPvGroups; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
       } else {
         if (any_move) rescale(o, alpha);
         wgmma_fence_operand(o);
