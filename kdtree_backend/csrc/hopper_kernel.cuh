@@ -181,7 +181,7 @@ __device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& 
 }
 
 // Scale into the log2 domain (`scale`: the tile's score scale, prefix or draft) and mask. kFold
-// (h13): the scale is applied later, inside the exp2's FFMA (online_softmax<true>), so this only masks.
+// (h13): the scale is applied later, inside the exp2's FFMA (softmax_exp_range<true>), so this only masks.
 template <bool kFold>
 __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix,
                                                float scale, int key_base, int prefix, int n, int row0, int lane,
@@ -226,69 +226,25 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
   }
 }
 
-// Online softmax on one tile (lazy reference max, as in the portable kernel): turns s into
-// unnormalised probabilities and returns each row's O rescale factor (1 when the max did not move).
+// Online softmax on one tile (lazy reference max, as in the portable kernel), in two steps:
+// softmax_rows returns each row's O rescale factor (1 when the max did not move) and updates the
+// state; softmax_exp_range turns a range of s into unnormalised probabilities and adds up their rows.
 // kFold (h13; only with positive, finite scales): s holds raw scores, `scale` is this tile's score
 // scale (log2 domain) and `ps` its P scale (v_scale on prefix tiles, else 1), given as log2(ps) and
 // 1/ps: the max is taken on raw scores and scaled once per row (scale > 0 keeps the order), and
 // P' = exp2(s * scale - (m - log2 ps)) = ps * exp2(s * scale - m) comes out of one FFMA + MUFU; the
 // row sum keeps sum(P') / ps. Without the fold s is already scaled and ps is applied when P is packed.
-template <bool kFold>
-__device__ __forceinline__ void online_softmax(float (&s)[32], SoftmaxState& st, float (&alpha)[2], bool& any_move,
-                                               float scale, float log2_ps, float inv_ps) {
-  constexpr float kRescaleThreshold = 8.f;
-  bool move[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb * 4 + 2 * rr], s[nb * 4 + 2 * rr + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    if (kFold) mx *= scale;  // -inf stays -inf (scale > 0)
-    move[rr] = mx > st.m[rr] + kRescaleThreshold;  // also true the first time a row sees a key
-    const float m_new = move[rr] ? mx : st.m[rr];
-    alpha[rr] = move[rr] ? fast_exp2(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
-    st.l[rr] *= alpha[rr];
-    st.m[rr] = m_new;
-  }
-  any_move = __any_sync(0xffffffffu, move[0] || move[1]);
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
-    float sum = 0.f;
-    if (kFold) {
-      const float shift = log2_ps - base;
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-        s[nb * 4 + 2 * rr] = fast_exp2(fmaf(s[nb * 4 + 2 * rr], scale, shift));
-        s[nb * 4 + 2 * rr + 1] = fast_exp2(fmaf(s[nb * 4 + 2 * rr + 1], scale, shift));
-        sum += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
-      }
-      st.l[rr] += sum * inv_ps;
-    } else {
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-        s[nb * 4 + 2 * rr] = fast_exp2(s[nb * 4 + 2 * rr] - base);
-        s[nb * 4 + 2 * rr + 1] = fast_exp2(s[nb * 4 + 2 * rr + 1] - base);
-        sum += s[nb * 4 + 2 * rr] + s[nb * 4 + 2 * rr + 1];
-      }
-      st.l[rr] += sum;
-    }
-  }
-}
-
-// h34 (experiment): the same online softmax in two steps, so that WG0's PV of the tile's first 32
-// keys can run on the tensor pipe while the exp2s of the last 32 are computed. Step 1: the row max,
-// the move decision, alpha and the state (as online_softmax's first loop). Step 2, per key half:
-// the exp2s of keys 32h..32h+31 (s[16h..16h+15]) and their row sums. The results are online_softmax's.
-// -DKDTREE_PV_SPLIT.
-#ifdef KDTREE_PV_SPLIT
-constexpr int kPvGroups = KDTREE_PV_SPLIT;  // 2: two k16 steps a group; 4: one
-#else
-constexpr int kPvGroups = 1;
+//
+// h34: the two steps let WG0's PV of the tile's first 32 keys run on the tensor pipe while the
+// exp2s of the last 32 are computed: the one overlap of tensor work with the softmax that does not
+// keep a K stage longer (the PV still ends inside the tile). kPvGroups: WG0's PV commit groups a
+// tile, each issued after its keys' exp2s (the last after P is shared with WG1). Measured
+// 0.981-0.989 of the one-group time with 2, the same with 4 (perf-notes h34, h34b).
+// A/B: -DKDTREE_PV_SPLIT=1 rebuilds the one-group form (all exp2s, P shared, then the PV).
+#ifndef KDTREE_PV_SPLIT
+#define KDTREE_PV_SPLIT 2
 #endif
-constexpr bool kPvSplit = kPvGroups > 1;
+constexpr int kPvGroups = KDTREE_PV_SPLIT;
 static_assert(kPvGroups == 1 || kPvGroups == 2 || kPvGroups == 4, "PV groups of whole k16 steps");
 template <bool kFold>
 __device__ __forceinline__ void softmax_rows(const float (&s)[32], SoftmaxState& st, float (&alpha)[2],
@@ -648,50 +604,42 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       scale_and_mask<kFold>(s, p, is_prefix, tile_scale, key_base, req.prefix, req.n, row0, lane, first_bits);
       float alpha[2];
       bool any_move;
-      uint32_t pa[4][4];
-      if (kPvSplit) {
-        const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
-        // h34: O is rescaled first; the first key half's P goes to the tensor pipe (PV k-steps 0-1)
-        // before the second half's exp2s; P reaches the helper whole, as before.
-        softmax_rows<kFold>(s, st, alpha, any_move, tile_scale);
-        if (any_move) rescale(o, alpha);
-        float sum[2] = {0.f, 0.f};
-        constexpr int kSteps = 4 / kPvGroups;  // k16 steps (16 keys each) a group
-        const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
-        wgmma_fence_operand(o);
-#pragma unroll
-        for (int g = 0; g < kPvGroups; ++g) {
-          softmax_exp_range<kFold>(s, st, sum, tile_scale, is_prefix ? log2_vs : 0.f, 2 * kSteps * g, 2 * kSteps * (g + 1));
-          if (g == kPvGroups - 1) break;  // the last group's P is packed and issued below, after P is shared
-#pragma unroll
-          for (int kk = kSteps * g; kk < kSteps * (g + 1); ++kk) {
-            pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
-            pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
-            pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
-            pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
-          }
-          wgmma_fence();
-#pragma unroll
-          for (int kk = kSteps * g; kk < kSteps * (g + 1); ++kk)
-            wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
-          wgmma_commit();
-        }
-        const float inv_ps = kFold && is_prefix ? inv_vs : 1.f;
-        st.l[0] += sum[0] * inv_ps;
-        st.l[1] += sum[1] * inv_ps;
-      } else {
-        online_softmax<kFold>(s, st, alpha, any_move, tile_scale, is_prefix ? log2_vs : 0.f, is_prefix ? inv_vs : 1.f);
-      }
+      softmax_rows<kFold>(s, st, alpha, any_move, tile_scale);
+      if (any_move) rescale(o, alpha);  // before any of this tile's PV (the previous one has completed)
 
-      // P (bf16): registers for this warpgroup's PV; shared memory for the helper's.
+      // P (bf16): registers for this warpgroup's PV; shared memory for the helper's. The exp2s go
+      // in kPvGroups key ranges, each range's PV k16 steps issued before the next range's exp2s
+      // (h34); the last range's after P is shared, so the helper's PV starts as early as before.
       const float ps = kFold ? 1.f : (is_prefix ? p.v_scale : 1.f);
-#pragma unroll
-      for (int kk = 4 - 4 / kPvGroups; kk < 4; ++kk) {
+      uint32_t pa[4][4];
+      auto pack_p = [&](int kk) {
         pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
         pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
         pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
         pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
+      };
+      // O[:, 0:256] += P V[:, 0:256] for k16 steps [kk0, kk1) (16 keys each), one commit group.
+      const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
+      auto issue_pv = [&](int kk0, int kk1) {
+        wgmma_fence();  // orders the pa registers just written (and O's rescale) before the wgmmas
+#pragma unroll
+        for (int kk = kk0; kk < kk1; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+        wgmma_commit();
+      };
+      constexpr int kSteps = 4 / kPvGroups;  // k16 steps a group
+      float sum[2] = {0.f, 0.f};
+      wgmma_fence_operand(o);
+#pragma unroll
+      for (int g = 0; g < kPvGroups; ++g) {
+        softmax_exp_range<kFold>(s, st, sum, tile_scale, is_prefix ? log2_vs : 0.f, 2 * kSteps * g, 2 * kSteps * (g + 1));
+#pragma unroll
+        for (int kk = kSteps * g; kk < kSteps * (g + 1); ++kk) pack_p(kk);
+        if (g + 1 < kPvGroups) issue_pv(kSteps * g, kSteps * (g + 1));
       }
+      const float inv_ps = kFold && is_prefix ? inv_vs : 1.f;  // the row sum keeps sum(P') / ps (kFold)
+      st.l[0] += sum[0] * inv_ps;
+      st.l[1] += sum[1] * inv_ps;
+
       if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
       {
         uint8_t* p_smem = g_hopper_smem + Cfg::kPOff;
@@ -711,22 +659,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
       fence_proxy_async();
       named_arrive(kBarPFull, 256);
-
-      // O[:, 0:256] = alpha * O + P V[:, 0:256]
-      if (kPvSplit) {
-        wgmma_fence();  // pa[2..3] were written after the first half's wgmmas were issued
-        const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
-#pragma unroll
-        for (int kk = 4 - 4 / kPvGroups; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
-      } else {
-        if (any_move) rescale(o, alpha);
-        wgmma_fence_operand(o);
-        wgmma_fence();
-        const uint64_t desc_v = make_desc(stage, kVLeading, kVStride);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
-      }
-      wgmma_commit();
+      issue_pv(4 - kSteps, 4);
       wgmma_wait<0>();
       wgmma_fence_operand(o);
       if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
