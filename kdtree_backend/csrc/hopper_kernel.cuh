@@ -61,7 +61,6 @@ static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0
 // Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
 constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
-constexpr int kBarPFull2 = 3;  // h35: the second key half of P is in shared memory
 constexpr int kBarFinal = 4;
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
 
@@ -247,15 +246,6 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
 #endif
 constexpr int kPvGroups = KDTREE_PV_SPLIT;
 static_assert(kPvGroups == 1 || kPvGroups == 2 || kPvGroups == 4, "PV groups of whole k16 steps");
-// h35 (experiment): WG0 shares P with WG1 in two key halves (two "P full" barriers), so that WG1's
-// PV of the first half starts under WG0's exp2s of the second, and WG1 releases the K stage sooner.
-// -DKDTREE_P_HALVES (with two PV groups).
-#ifdef KDTREE_P_HALVES
-constexpr bool kPHalves = true;
-#else
-constexpr bool kPHalves = false;
-#endif
-static_assert(!kPHalves || kPvGroups == 2, "P halves go with two PV groups");
 template <bool kFold>
 __device__ __forceinline__ void softmax_rows(const float (&s)[32], SoftmaxState& st, float (&alpha)[2],
                                              bool& any_move, float scale) {
@@ -637,23 +627,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         wgmma_commit();
       };
       constexpr int kSteps = 4 / kPvGroups;  // k16 steps a group
-      // P's k16 steps [kk0, kk1) to shared memory for the helper (and alpha with the first ones).
-      uint8_t* p_smem = g_hopper_smem + Cfg::kPOff;
-      auto share_p = [&](int kk0, int kk1) {
-        const int r_lo = row_in_tile0, r_hi = row_in_tile0 + 8;
-        const int byte = 4 * (lane & 3);
-#pragma unroll
-        for (int kk = kk0; kk < kk1; ++kk) {
-          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk) + byte) = pa[kk][0];
-          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk) + byte) = pa[kk][1];
-          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk + 1) + byte) = pa[kk][2];
-          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk + 1) + byte) = pa[kk][3];
-        }
-        if (kk0 == 0 && (lane & 3) == 0) {
-          s_alpha[r_lo] = alpha[0];
-          s_alpha[r_hi] = alpha[1];
-        }
-      };
       float sum[2] = {0.f, 0.f};
       wgmma_fence_operand(o);
 #pragma unroll
@@ -662,27 +635,30 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #pragma unroll
         for (int kk = kSteps * g; kk < kSteps * (g + 1); ++kk) pack_p(kk);
         if (g + 1 < kPvGroups) issue_pv(kSteps * g, kSteps * (g + 1));
-        if (kPHalves && g == 0) {
-          if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
-          share_p(0, 2);
-          fence_proxy_async();
-          named_arrive(kBarPFull, 256);
-        }
       }
       const float inv_ps = kFold && is_prefix ? inv_vs : 1.f;  // the row sum keeps sum(P') / ps (kFold)
       st.l[0] += sum[0] * inv_ps;
       st.l[1] += sum[1] * inv_ps;
 
-      if (kPHalves) {
-        share_p(2, 4);
-        fence_proxy_async();
-        named_arrive(kBarPFull2, 256);
-      } else {
-        if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
-        share_p(0, 4);
-        fence_proxy_async();
-        named_arrive(kBarPFull, 256);
+      if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
+      {
+        uint8_t* p_smem = g_hopper_smem + Cfg::kPOff;
+        const int r_lo = row_in_tile0, r_hi = row_in_tile0 + 8;
+        const int byte = 4 * (lane & 3);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk) + byte) = pa[kk][0];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk) + byte) = pa[kk][1];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_lo, 2 * kk + 1) + byte) = pa[kk][2];
+          *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk + 1) + byte) = pa[kk][3];
+        }
+        if ((lane & 3) == 0) {
+          s_alpha[r_lo] = alpha[0];
+          s_alpha[r_hi] = alpha[1];
+        }
       }
+      fence_proxy_async();
+      named_arrive(kBarPFull, 256);
       issue_pv(4 - kSteps, 4);
       wgmma_wait<0>();
       wgmma_fence_operand(o);
@@ -758,15 +734,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       const uint64_t desc_p = make_desc(sP, 16, 1024);
       const uint64_t desc_v = make_desc(stage + 4 * Cfg::kAtomBytes, kVLeading, kVStride);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        if (kPHalves && kk == 2) {  // h35: the second half of P
-          wgmma_commit();
-          named_barrier(kBarPFull2, 256);
-          fence_proxy_async();
-          wgmma_fence();
-        }
-        wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
-      }
+      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(o);
