@@ -156,6 +156,33 @@ def test_hopper_qk_issue_uses_uniform_descriptors(report):
         assert between == [], f"QK^T descriptors moved from regular registers: {between[:4]}"
 
 
+def test_hopper_pv_starts_under_the_softmax(report):
+    """h34: WG0 issues its PV of the tile's first 32 keys (wgmma m64n256k16 with P from registers)
+    before the exp2s of the last 32 keys are done, the one overlap of tensor work with the softmax
+    that measured faster (0.98-0.99). If a refactor lets ptxas put every exp2 in front of the PV
+    again, the kernel is ~1.5% slower with nothing failing; this keeps the order in the SASS."""
+    import subprocess  # noqa: PLC0415
+
+    tool = build.find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to read the SASS")
+    sass = subprocess.run([tool, "-sass", "-arch", "sm_90a", str(report.path)], capture_output=True, text=True,
+                          check=True).stdout
+    kernels = sass.split("Function : ")[1:]
+    hopper = [k for k in kernels if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
+    assert len(hopper) == 2
+    for body in hopper:
+        lines = [ln.split(";")[0] for ln in body.splitlines() if "/*" in ln and ";" in ln]
+        qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
+        # WG0's PV: P (A) from registers, so its second operand is a register, not a descriptor.
+        pv = [i for i, ln in enumerate(lines) if "HGMMA.64x256x16" in ln and i > qk[-1]
+              and ln.split("HGMMA.64x256x16")[1].split(",")[1].strip().startswith("R")]
+        assert len(pv) == 4, "WG0's four PV k16 steps, A from registers"
+        exp2 = [i for i in range(qk[-1], pv[-1]) if "MUFU.EX2" in lines[i]]
+        assert len(exp2) >= 32, "the tile's 32 exp2s a thread sit between QK^T and the last PV step"
+        assert pv[0] < exp2[-1], "the first PV step is issued before the softmax's last exp2"
+
+
 def test_hopper_ab_switches_named_in_the_docs_exist_in_the_source():
     """docs/hopper-path.md lists the compile flags that rebuild an earlier form of one step (for the
     device A/B runs): each must still be read by the kernel source, or an A/B run would silently
