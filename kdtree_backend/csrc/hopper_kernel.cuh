@@ -258,10 +258,10 @@ __device__ __forceinline__ void softmax_rows(const float (&s)[32], SoftmaxState&
     for (int nb = 0; nb < 8; ++nb) mx = fmaxf(mx, fmaxf(s[nb * 4 + 2 * rr], s[nb * 4 + 2 * rr + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    if (kFold) mx *= scale;
-    move[rr] = mx > st.m[rr] + kRescaleThreshold;
+    if (kFold) mx *= scale;  // -inf stays -inf (scale > 0)
+    move[rr] = mx > st.m[rr] + kRescaleThreshold;  // also true the first time a row sees a key
     const float m_new = move[rr] ? mx : st.m[rr];
-    alpha[rr] = move[rr] ? fast_exp2(st.m[rr] - m_new) : 1.f;
+    alpha[rr] = move[rr] ? fast_exp2(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
     st.l[rr] *= alpha[rr];
     st.m[rr] = m_new;
   }
