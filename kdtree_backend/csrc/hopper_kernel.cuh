@@ -246,13 +246,6 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
 #endif
 constexpr int kPvGroups = KDTREE_PV_SPLIT;
 static_assert(kPvGroups == 1 || kPvGroups == 2 || kPvGroups == 4, "PV groups of whole k16 steps");
-// h36 (experiment): the last group's PV issued before P is shared with WG1 instead of after, so
-// WG0's PV ends sooner and WG1's starts a few issue slots later. -DKDTREE_PV_BEFORE_SHARE.
-#ifdef KDTREE_PV_BEFORE_SHARE
-constexpr bool kPvBeforeShare = true;
-#else
-constexpr bool kPvBeforeShare = false;
-#endif
 template <bool kFold>
 __device__ __forceinline__ void softmax_rows(const float (&s)[32], SoftmaxState& st, float (&alpha)[2],
                                              bool& any_move, float scale) {
@@ -641,7 +634,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         softmax_exp_range<kFold>(s, st, sum, tile_scale, is_prefix ? log2_vs : 0.f, 2 * kSteps * g, 2 * kSteps * (g + 1));
 #pragma unroll
         for (int kk = kSteps * g; kk < kSteps * (g + 1); ++kk) pack_p(kk);
-        if (g + 1 < kPvGroups || kPvBeforeShare) issue_pv(kSteps * g, kSteps * (g + 1));
+        if (g + 1 < kPvGroups) issue_pv(kSteps * g, kSteps * (g + 1));
       }
       const float inv_ps = kFold && is_prefix ? inv_vs : 1.f;  // the row sum keeps sum(P') / ps (kFold)
       st.l[0] += sum[0] * inv_ps;
@@ -666,7 +659,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
       fence_proxy_async();
       named_arrive(kBarPFull, 256);
-      if (!kPvBeforeShare) issue_pv(4 - kSteps, 4);
+      issue_pv(4 - kSteps, 4);
       wgmma_wait<0>();
       wgmma_fence_operand(o);
       if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
