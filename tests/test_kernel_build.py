@@ -133,11 +133,8 @@ def test_run_rejects_null_pointers_before_touching_the_gpu(report):
     assert rc != 0 and "NULL" in lib.kdtree_error_string(rc).decode()
 
 
-def test_hopper_qk_issue_uses_uniform_descriptors(report):
-    """h18: the role branches are warp-uniform to ptxas (the warpgroup index comes from a warp
-    reduction), so QK^T's K descriptor stays in uniform registers. A role index ptxas sees as
-    divergent brings back two R2UR before every QK^T wgmma (~7.5 instructions per wgmma, 239
-    registers, 1.3% slower on the GPU)."""
+def _hopper_kernel_sass(report):
+    """The SASS of the library's two Hopper verify kernels (both instantiations), one string each."""
     import subprocess  # noqa: PLC0415
 
     tool = build.find_cuobjdump()
@@ -148,6 +145,15 @@ def test_hopper_qk_issue_uses_uniform_descriptors(report):
     kernels = sass.split("Function : ")[1:]
     hopper = [k for k in kernels if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
     assert len(hopper) == 2
+    return hopper
+
+
+def test_hopper_qk_issue_uses_uniform_descriptors(report):
+    """h18: the role branches are warp-uniform to ptxas (the warpgroup index comes from a warp
+    reduction), so QK^T's K descriptor stays in uniform registers. A role index ptxas sees as
+    divergent brings back two R2UR before every QK^T wgmma (~7.5 instructions per wgmma, 239
+    registers, 1.3% slower on the GPU)."""
+    hopper = _hopper_kernel_sass(report)
     for body in hopper:
         lines = [ln for ln in body.splitlines() if "/*" in ln and ";" in ln]  # instruction lines
         qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
@@ -161,16 +167,7 @@ def test_hopper_pv_starts_under_the_softmax(report):
     before the exp2s of the last 32 keys are done, the one overlap of tensor work with the softmax
     that measured faster (0.98-0.99). If a refactor lets ptxas put every exp2 in front of the PV
     again, the kernel is ~1.5% slower with nothing failing; this keeps the order in the SASS."""
-    import subprocess  # noqa: PLC0415
-
-    tool = build.find_cuobjdump()
-    if tool is None:
-        pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to read the SASS")
-    sass = subprocess.run([tool, "-sass", "-arch", "sm_90a", str(report.path)], capture_output=True, text=True,
-                          check=True).stdout
-    kernels = sass.split("Function : ")[1:]
-    hopper = [k for k in kernels if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
-    assert len(hopper) == 2
+    hopper = _hopper_kernel_sass(report)
     for body in hopper:
         lines = [ln.split(";")[0] for ln in body.splitlines() if "/*" in ln and ";" in ln]
         qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
