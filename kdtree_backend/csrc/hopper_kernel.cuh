@@ -241,10 +241,11 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
 // tile, each issued after its keys' exp2s (the last after P is shared with WG1). Measured
 // 0.981-0.989 of the one-group time with 2, the same with 4 (perf-notes h34, h34b).
 // A/B: -DKDTREE_PV_SPLIT=1 rebuilds the one-group form (all exp2s, P shared, then the PV).
-#ifndef KDTREE_PV_SPLIT
-#define KDTREE_PV_SPLIT 2
-#endif
+#ifdef KDTREE_PV_SPLIT
 constexpr int kPvGroups = KDTREE_PV_SPLIT;
+#else
+constexpr int kPvGroups = 2;
+#endif
 static_assert(kPvGroups == 1 || kPvGroups == 2 || kPvGroups == 4, "PV groups of whole k16 steps");
 template <bool kFold>
 __device__ __forceinline__ void softmax_rows(const float (&s)[32], SoftmaxState& st, float (&alpha)[2],
