@@ -134,7 +134,8 @@ def test_run_rejects_null_pointers_before_touching_the_gpu(report):
 
 
 def _hopper_kernel_sass(report):
-    """The SASS of the library's two Hopper verify kernels (both instantiations), one string each."""
+    """The SASS of the library's two Hopper verify kernels (both instantiations): per kernel, its
+    instruction lines, each cut at its ';' (the encoding comments dropped)."""
     import subprocess  # noqa: PLC0415
 
     tool = build.find_cuobjdump()
@@ -145,7 +146,7 @@ def _hopper_kernel_sass(report):
     kernels = sass.split("Function : ")[1:]
     hopper = [k for k in kernels if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
     assert len(hopper) == 2
-    return hopper
+    return [[ln.split(";")[0] for ln in body.splitlines() if "/*" in ln and ";" in ln] for body in hopper]
 
 
 def test_hopper_qk_issue_uses_uniform_descriptors(report):
@@ -153,12 +154,10 @@ def test_hopper_qk_issue_uses_uniform_descriptors(report):
     reduction), so QK^T's K descriptor stays in uniform registers. A role index ptxas sees as
     divergent brings back two R2UR before every QK^T wgmma (~7.5 instructions per wgmma, 239
     registers, 1.3% slower on the GPU)."""
-    hopper = _hopper_kernel_sass(report)
-    for body in hopper:
-        lines = [ln for ln in body.splitlines() if "/*" in ln and ";" in ln]  # instruction lines
+    for lines in _hopper_kernel_sass(report):
         qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
         assert len(qk) == 36, "one QK^T block of 36 m64n64k16 wgmmas"
-        between = [ln.split(";")[0].strip() for ln in lines[qk[0]:qk[-1]] if "R2UR" in ln]
+        between = [ln.strip() for ln in lines[qk[0]:qk[-1]] if "R2UR" in ln]
         assert between == [], f"QK^T descriptors moved from regular registers: {between[:4]}"
 
 
@@ -167,9 +166,7 @@ def test_hopper_pv_starts_under_the_softmax(report):
     before the exp2s of the last 32 keys are done, the one overlap of tensor work with the softmax
     that measured faster (0.98-0.99). If a refactor lets ptxas put every exp2 in front of the PV
     again, the kernel is ~1.5% slower with nothing failing; this keeps the order in the SASS."""
-    hopper = _hopper_kernel_sass(report)
-    for body in hopper:
-        lines = [ln.split(";")[0] for ln in body.splitlines() if "/*" in ln and ";" in ln]
+    for lines in _hopper_kernel_sass(report):
         qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
         # WG0's PV: P (A) from registers, so its second operand is a register, not a descriptor.
         pv = [i for i, ln in enumerate(lines) if "HGMMA.64x256x16" in ln and i > qk[-1]
