@@ -146,6 +146,46 @@ __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// h37: a 2-split plan runs as clusters of the two splits of one row tile (hopper_launch.cu), and the
+// splits merge through distributed shared memory instead of fp32 partials and the combine pass.
+// A launch without clusters is a cluster of one (%cluster_nctarank = 1): the old split path.
+// A/B: -DKDTREE_NO_CLUSTER_MERGE (2-split plans write partials and run the combine, as before).
+#ifdef KDTREE_NO_CLUSTER_MERGE
+constexpr bool kClusterMerge = false;
+#else
+constexpr bool kClusterMerge = true;
+#endif
+__device__ __forceinline__ uint32_t cluster_size() {
+  uint32_t n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of both CTAs arrives, then waits for all of them (release / acquire: shared-memory
+// writes before a CTA's arrive are visible to the other CTA's reads after its wait).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+// The same shared-memory offset in CTA `rank` of the cluster.
+__device__ __forceinline__ uint32_t peer_smem(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float ld_peer_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float4 ld_peer_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
 // WG0's online-softmax state for its two rows (lane/4 and lane/4 + 8 of its warp's 16).
 struct SoftmaxState {
   float m[2];
@@ -291,32 +331,83 @@ __device__ __forceinline__ void rescale(float (&o)[128], const float (&alpha)[2]
   for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
 }
 
-// Writes this thread's 2 rows x 256 columns of O (already normalised by 1/l) to `out` (bf16) or to
-// the split workspace (fp32).
-__device__ __forceinline__ void store_half(const float (&o)[128], const float (&inv_l)[2], const KdtreeVerifyParams& p,
-                                           const RequestView& req, int b, int split, int row_tile, int num_row_tiles,
-                                           int row_in_tile0, int col_half, int lane, bool direct) {
+// h37, the second split of a 2-cluster: its normalised O (fp32) goes into its own idle K stages in
+// each thread's register order (float4 c of thread t at (c * 256 + t) * 16: conflict-free), where the
+// first split reads it; then it waits until that read is done (its shared memory must outlive it).
+__device__ __forceinline__ void cluster_ship_half(const float (&o)[128], const float (&inv_l)[2], int tid,
+                                                  uint8_t* stage_ptr) {
+  float4* dst = reinterpret_cast<float4*>(stage_ptr) + tid;
+#pragma unroll
+  for (int c = 0; c < 32; ++c)
+    dst[c * 256] = make_float4(o[4 * c] * inv_l[0], o[4 * c + 1] * inv_l[0], o[4 * c + 2] * inv_l[1], o[4 * c + 3] * inv_l[1]);
+  cluster_arrive();  // O and the row lse (s_lse, written before kBarFinal) are ready
+  cluster_wait();
+  cluster_arrive();  // phase 2 completes when the first split has read them
+  cluster_wait();
+}
+
+// h37, the first split of a 2-cluster: waits for the peer's O and row lse and turns this thread's
+// two rows' 1/l into the merge's factors, as the combine merges: out = a0 O + a1 O_peer with
+// a0 = w0 / (l0 (w0 + w1)), a1 = w1 / (w0 + w1), w = 2^(lse - max lse); a row neither split saw
+// (both lse -inf) is 0. Returns the address of this thread's first float4 of the peer's O; the
+// stores read it beside o (so o is only read: merging into o itself made ptxas take 255 registers).
+__device__ __forceinline__ uint32_t cluster_merge_factors(float (&a0)[2], float (&a1)[2], const float* s_lse,
+                                                          int row_in_tile0, int tid, uint32_t smem, uint32_t stage_off,
+                                                          uint32_t lse_off) {
+  cluster_arrive();
+  cluster_wait();
+  const uint32_t peer = peer_smem(smem, cluster_rank() ^ 1u);
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = row_in_tile0 + 8 * rr;
+    const float l0 = s_lse[row], l1 = ld_peer_f32(peer + lse_off + row * 4);
+    const float mx = fmaxf(l0, l1);
+    const float w0 = mx == -CUDART_INF_F ? 0.f : exp2f(l0 - mx), w1 = mx == -CUDART_INF_F ? 0.f : exp2f(l1 - mx);
+    const float inv = w0 + w1 > 0.f ? 1.f / (w0 + w1) : 0.f;
+    a0[rr] *= w0 * inv;
+    a1[rr] = w1 * inv;
+  }
+  return peer + stage_off + tid * 16;
+}
+
+// O's value for rows (rr) of float4 c of this thread: a0 o + a1 peer (peer_src = 0: no peer).
+__device__ __forceinline__ float4 peer_o(uint32_t peer_src, int c) {
+  return peer_src != 0 ? ld_peer_f4(peer_src + c * 256 * 16) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// Writes this thread's 2 rows x 256 columns of O, scaled per row by a0 (1/l) and merged with a
+// 2-cluster peer's O (a1, peer_src; h37), to `out` (bf16) or to the split workspace (fp32).
+__device__ __forceinline__ void store_half(const float (&o)[128], const float (&a0)[2], const float (&a1)[2],
+                                           uint32_t peer_src, const KdtreeVerifyParams& p, const RequestView& req,
+                                           int b, int split, int row_tile, int num_row_tiles, int row_in_tile0,
+                                           int col_half, int lane, bool direct) {
   const int H = p.num_heads;
   const int rows = req.n * H;
   const int col_lane = col_half * 256 + 2 * (lane & 3);
+  __nv_bfloat16* dst[2];
+  float* ws_o[2];
+  bool valid[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = row_tile * HopperConfig::kM + row_in_tile0 + rr * 8;
-    if (r >= rows) continue;
-    if (direct) {
-      __nv_bfloat16* dst = out_row(p, req, r) + col_lane;
+    valid[rr] = r < rows;
+    const int rv = valid[rr] ? r : 0;
+    dst[rr] = out_row(p, req, rv) + col_lane;
+    const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + rv;
+    ws_o[rr] = direct ? nullptr : reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col_lane;
+  }
 #pragma unroll
-      for (int nb = 0; nb < 32; ++nb) {
-        *reinterpret_cast<uint32_t*>(dst + nb * 8) =
-            pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
-      }
-    } else {
-      const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + r;
-      float* ws_o = reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col_lane;
+  for (int nb = 0; nb < 32; ++nb) {
+    const float4 v = peer_o(peer_src, nb);
+    const float x[2][2] = {{o[nb * 4] * a0[0] + v.x * a1[0], o[nb * 4 + 1] * a0[0] + v.y * a1[0]},
+                           {o[nb * 4 + 2] * a0[1] + v.z * a1[1], o[nb * 4 + 3] * a0[1] + v.w * a1[1]}};
 #pragma unroll
-      for (int nb = 0; nb < 32; ++nb) {
-        *reinterpret_cast<float2*>(ws_o + nb * 8) =
-            make_float2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
+    for (int rr = 0; rr < 2; ++rr) {
+      if (!valid[rr]) continue;
+      if (direct) {
+        *reinterpret_cast<uint32_t*>(dst[rr] + nb * 8) = pack_bf16x2(x[rr][0], x[rr][1]);
+      } else {
+        *reinterpret_cast<float2*>(ws_o[rr] + nb * 8) = make_float2(x[rr][0], x[rr][1]);
       }
     }
   }
@@ -330,22 +421,25 @@ __device__ __forceinline__ void store_half(const float (&o)[128], const float (&
 // shapes 9-22% faster. The fp32 partials keep the register path: their 8-byte stores fill whole
 // sectors, and staging them measured 4-11% slower (perf-notes h9).
 // Requires the K stages to be idle (after kBarFinal) and 16-byte aligned output rows.
-__device__ __forceinline__ void store_half_staged(const float (&o)[128], const float (&inv_l)[2],
-                                                  const KdtreeVerifyParams& p, const RequestView& req, int row_tile,
-                                                  int row_in_tile0, int col_half, int lane, int thread_in_wg,
-                                                  uint32_t stage_smem, uint8_t* stage_ptr) {
+// With a 2-cluster peer (peer_src != 0, h37) the peer is released once its O has been read.
+__device__ __forceinline__ void store_half_staged(const float (&o)[128], const float (&a0)[2], const float (&a1)[2],
+                                                  uint32_t peer_src, const KdtreeVerifyParams& p,
+                                                  const RequestView& req, int row_tile, int row_in_tile0, int col_half,
+                                                  int lane, int thread_in_wg, uint32_t stage_smem, uint8_t* stage_ptr) {
   constexpr int kPitch = 256 * 2 + 16;
   const int col_lane = 2 * (lane & 3);
   uint8_t* base = stage_ptr + col_half * HopperConfig::kM * kPitch;
+  uint8_t* row_lo = base + row_in_tile0 * kPitch;
+  uint8_t* row_hi = row_lo + 8 * kPitch;
 #pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    uint8_t* row = base + (row_in_tile0 + 8 * rr) * kPitch;
-#pragma unroll
-    for (int nb = 0; nb < 32; ++nb) {
-      *reinterpret_cast<uint32_t*>(row + (nb * 8 + col_lane) * 2) =
-          pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
-    }
+  for (int nb = 0; nb < 32; ++nb) {
+    const float4 v = peer_o(peer_src, nb);
+    *reinterpret_cast<uint32_t*>(row_lo + (nb * 8 + col_lane) * 2) =
+        pack_bf16x2(o[nb * 4] * a0[0] + v.x * a1[0], o[nb * 4 + 1] * a0[0] + v.y * a1[0]);
+    *reinterpret_cast<uint32_t*>(row_hi + (nb * 8 + col_lane) * 2) =
+        pack_bf16x2(o[nb * 4 + 2] * a0[1] + v.z * a1[1], o[nb * 4 + 3] * a0[1] + v.w * a1[1]);
   }
+  if (peer_src != 0) cluster_arrive();  // every read of the peer's shared memory is done (release)
   fence_proxy_async();  // the rows, written by the generic proxy, are read by the copy engine
   named_barrier(kBarStore + col_half, 128);
   const int j = thread_in_wg;
@@ -555,13 +649,18 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 
   float o[128];
   const bool direct = w.active == 1;
+  // h37: a request cut in two, launched as a 2-cluster of its splits: split 1 ships its O to split 0,
+  // which merges and writes `out` (no partials, no combine pass for this request).
+  const bool cluster_merge = kClusterMerge && w.active == 2 && cluster_size() == 2;
+  const bool merge_leader = cluster_merge && split == 0;
+  const bool writes_out = direct || merge_leader;
   const int num_row_tiles = gridDim.x;
   // The direct output goes through shared memory and bulk copies when its rows are 16-byte aligned
   // (always, for a torch-allocated tensor; an 8-byte aligned `out` view takes the register path).
 #ifdef KDTREE_REGISTER_EPILOGUE
   const bool staged_store = false;
 #else
-  const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
+  const bool staged_store = writes_out && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
 #endif
 
   if (wg == 0) {
@@ -681,12 +780,22 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     }
     named_barrier(kBarFinal, 256);  // also: both warpgroups are done with the K stages
     KDTREE_TL(6);
-    if (staged_store) {
-      store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
-    } else {
-      store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, direct);
+    if (cluster_merge && !merge_leader) {
+      cluster_ship_half(o, inv_l, tid, g_hopper_smem + Cfg::kKOff);
+      return;
     }
-    if (!direct && (lane & 3) == 0) {
+    float a1[2] = {0.f, 0.f};
+    const uint32_t peer_src =
+        merge_leader ? cluster_merge_factors(inv_l, a1, s_lse, row_in_tile0, tid, smem, Cfg::kKOff, Cfg::kLseOff) : 0u;
+    if (staged_store) {
+      store_half_staged(o, inv_l, a1, peer_src, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK,
+                        g_hopper_smem + Cfg::kKOff);
+    } else {
+      store_half(o, inv_l, a1, peer_src, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, writes_out);
+      if (merge_leader) cluster_arrive();
+    }
+    if (merge_leader) cluster_wait();  // the peer's phase-2 arrive (it exits after it)
+    if (!writes_out && (lane & 3) == 0) {
       const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * Cfg::kM * kVDim;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
@@ -749,12 +858,22 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
     }
     named_barrier(kBarFinal, 256);
-    const float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
-    if (staged_store) {
-      store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
-    } else {
-      store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, direct);
+    float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
+    if (cluster_merge && !merge_leader) {
+      cluster_ship_half(o, inv_l, tid, g_hopper_smem + Cfg::kKOff);
+      return;
     }
+    float a1[2] = {0.f, 0.f};
+    const uint32_t peer_src =
+        merge_leader ? cluster_merge_factors(inv_l, a1, s_lse, row_in_tile0, tid, smem, Cfg::kKOff, Cfg::kLseOff) : 0u;
+    if (staged_store) {
+      store_half_staged(o, inv_l, a1, peer_src, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK,
+                        g_hopper_smem + Cfg::kKOff);
+    } else {
+      store_half(o, inv_l, a1, peer_src, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, writes_out);
+      if (merge_leader) cluster_arrive();
+    }
+    if (merge_leader) cluster_wait();  // the peer's phase-2 arrive (it exits after it)
 #ifdef KDTREE_TIMELINE
     if (tid == 128) {
       tl_wg1[0] = tl[2];

@@ -266,6 +266,47 @@ def test_split_combine_layouts(ops, monkeypatch, splits):
         ops._plans.clear()
 
 
+@pytest.mark.parametrize("heads,out_rows", [(16, "aligned"), (3, "aligned"), (8, "8-byte")])
+def test_two_split_merge(ops, monkeypatch, heads, out_rows):
+    """A 2-split plan: on the Hopper path the two splits of a row tile run as a 2-CTA cluster and
+    merge through distributed shared memory (h37); the portable path runs the combine. Requests
+    with both splits active (long ragged prefixes; a draft-only request whose early rows see no
+    key of the second split), with one active split (a single key tile), Q by TMA (H = 16) and by
+    cp.async with padding rows (H = 3), and an `out` on 8-byte boundaries (the register store
+    path). Compared with float64, and bitwise stable across calls."""
+    monkeypatch.setenv("KDTREE_NUM_SPLITS", "2")
+    monkeypatch.setenv("KDTREE_MIN_KEYS_PER_SPLIT", "64")
+    ops._plans.clear()
+    try:
+        batch = make_verify_batch([3001, 0, 1, 700, 64], num_heads=heads, draft_lens=[16, 100, 1, 9, 64], mask="tree",
+                                  mask_dtype=U8, qo_indptr_dtype=I64, seed=71 + heads, device=DEV,
+                                  index_garbage=GARBAGE)
+        out = None
+        if out_rows == "8-byte":
+            T, W = batch.num_rows, batch.num_heads * 512
+            out = torch.full((T, W + 8), float("nan"), dtype=torch.bfloat16, device=DEV)[:, 4:4 + W]
+        res = _run(ops, batch, out=out)
+        plan = next(iter(ops._plans.values()))
+        assert plan.c_plan.num_splits == 2
+        _check_against_reference(batch, res, what=f"op with 2 splits ({out_rows} out rows)")
+        again = _run(ops, batch, out=out)
+        torch.cuda.synchronize()
+        cov = batch.covered_rows()
+        assert torch.equal(res[cov], again[cov]), f"two calls on the same inputs differ: {batch.describe()}"
+    finally:
+        ops._plans.clear()
+
+
+def test_planned_two_splits_at_b32_h8_n16(ops):
+    """The grid's B32 H8 n16 shapes plan 2 splits on a 132-SM GPU (Hopper path), so their requests
+    merge in clusters (h37). Random prefixes, some of one key tile (one active split)."""
+    rng = random.Random(9)
+    prefixes = [rng.choice([0, 5, rng.randrange(60, 2600)]) for _ in range(32)]
+    batch = make_verify_batch(prefixes, num_heads=8, draft_lens=16, mask="tree", mask_dtype=U8, seed=19, device=DEV,
+                              index_garbage=GARBAGE)
+    _check_against_reference(batch, _run(ops, batch))
+
+
 @pytest.mark.parametrize("sm_scale,k_scale", [(192 ** -0.5, -0.8), (-(192 ** -0.5), 1.0), (192 ** -0.5, 0.0)],
                          ids=["negative-k_scale", "negative-sm_scale", "zero-k_scale"])
 def test_non_positive_score_scales(ops, sm_scale, k_scale):
