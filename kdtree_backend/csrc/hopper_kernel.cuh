@@ -150,7 +150,7 @@ __device__ __forceinline__ void named_arrive(int id, int count) {
 // splits merge through distributed shared memory instead of fp32 partials and the combine pass.
 // A launch without clusters is a cluster of one (%cluster_nctarank = 1): the old split path.
 // A/B: -DKDTREE_NO_CLUSTER_MERGE (2-split plans write partials and run the combine, as before).
-#ifdef KDTREE_NO_CLUSTER_MERGE
+#if defined(KDTREE_NO_CLUSTER_MERGE) || defined(KDTREE_CLUSTER_LAUNCH_ONLY)
 constexpr bool kClusterMerge = false;
 #else
 constexpr bool kClusterMerge = true;
@@ -180,9 +180,9 @@ __device__ __forceinline__ float ld_peer_f32(uint32_t addr) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
-__device__ __forceinline__ float4 ld_peer_f4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+__device__ __forceinline__ float2 ld_peer_f2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
   return v;
 }
 
@@ -332,14 +332,17 @@ __device__ __forceinline__ void rescale(float (&o)[128], const float (&alpha)[2]
 }
 
 // h37, the second split of a 2-cluster: its normalised O (fp32) goes into its own idle K stages in
-// each thread's register order (float4 c of thread t at (c * 256 + t) * 16: conflict-free), where the
-// first split reads it; then it waits until that read is done (its shared memory must outlive it).
+// each thread's register order (float2 (2 nb + rr) of thread t at ((2 nb + rr) * 256 + t) * 8:
+// conflict-free), where the first split reads it (peer_o); then it waits until that read is done
+// (its shared memory must outlive it).
 __device__ __forceinline__ void cluster_ship_half(const float (&o)[128], const float (&inv_l)[2], int tid,
                                                   uint8_t* stage_ptr) {
-  float4* dst = reinterpret_cast<float4*>(stage_ptr) + tid;
+  float2* dst = reinterpret_cast<float2*>(stage_ptr) + tid;
 #pragma unroll
-  for (int c = 0; c < 32; ++c)
-    dst[c * 256] = make_float4(o[4 * c] * inv_l[0], o[4 * c + 1] * inv_l[0], o[4 * c + 2] * inv_l[1], o[4 * c + 3] * inv_l[1]);
+  for (int nb = 0; nb < 32; ++nb)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+      dst[(2 * nb + rr) * 256] = make_float2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
   cluster_arrive();  // O and the row lse (s_lse, written before kBarFinal) are ready
   cluster_wait();
   cluster_arrive();  // phase 2 completes when the first split has read them
@@ -349,8 +352,8 @@ __device__ __forceinline__ void cluster_ship_half(const float (&o)[128], const f
 // h37, the first split of a 2-cluster: waits for the peer's O and row lse and turns this thread's
 // two rows' 1/l into the merge's factors, as the combine merges: out = a0 O + a1 O_peer with
 // a0 = w0 / (l0 (w0 + w1)), a1 = w1 / (w0 + w1), w = 2^(lse - max lse); a row neither split saw
-// (both lse -inf) is 0. Returns the address of this thread's first float4 of the peer's O; the
-// stores read it beside o (so o is only read: merging into o itself made ptxas take 255 registers).
+// (both lse -inf) is 0. Returns the address of this thread's block of the peer's O; the stores read
+// it beside o (so o is only read: merging into o itself made ptxas take 255 registers).
 __device__ __forceinline__ uint32_t cluster_merge_factors(float (&a0)[2], float (&a1)[2], const float* s_lse,
                                                           int row_in_tile0, int tid, uint32_t smem, uint32_t stage_off,
                                                           uint32_t lse_off) {
@@ -367,16 +370,18 @@ __device__ __forceinline__ uint32_t cluster_merge_factors(float (&a0)[2], float 
     a0[rr] *= w0 * inv;
     a1[rr] = w1 * inv;
   }
-  return peer + stage_off + tid * 16;
+  return peer + stage_off + tid * 8;
 }
 
-// O's value for rows (rr) of float4 c of this thread: a0 o + a1 peer (peer_src = 0: no peer).
-__device__ __forceinline__ float4 peer_o(uint32_t peer_src, int c) {
-  return peer_src != 0 ? ld_peer_f4(peer_src + c * 256 * 16) : make_float4(0.f, 0.f, 0.f, 0.f);
+// h37: the peer's O for row rr of this thread, columns 8 nb + 2 (lane & 3) + {0, 1}: float2
+// (2 nb + rr) of the thread's shipped block (cluster_ship_half).
+__device__ __forceinline__ float2 peer_o(uint32_t peer_src, int nb, int rr) {
+  return ld_peer_f2(peer_src + ((2 * nb + rr) * 256) * 8);
 }
 
-// Writes this thread's 2 rows x 256 columns of O, scaled per row by a0 (1/l) and merged with a
-// 2-cluster peer's O (a1, peer_src; h37), to `out` (bf16) or to the split workspace (fp32).
+// Writes this thread's 2 rows x 256 columns of O, scaled per row by a0 (1/l), to `out` (bf16) or to
+// the split workspace (fp32). kMerge (h37, the first split of a 2-cluster): plus a1 x the peer's O.
+template <bool kMerge>
 __device__ __forceinline__ void store_half(const float (&o)[128], const float (&a0)[2], const float (&a1)[2],
                                            uint32_t peer_src, const KdtreeVerifyParams& p, const RequestView& req,
                                            int b, int split, int row_tile, int num_row_tiles, int row_in_tile0,
@@ -384,31 +389,31 @@ __device__ __forceinline__ void store_half(const float (&o)[128], const float (&
   const int H = p.num_heads;
   const int rows = req.n * H;
   const int col_lane = col_half * 256 + 2 * (lane & 3);
-  __nv_bfloat16* dst[2];
-  float* ws_o[2];
-  bool valid[2];
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int r = row_tile * HopperConfig::kM + row_in_tile0 + rr * 8;
-    valid[rr] = r < rows;
-    const int rv = valid[rr] ? r : 0;
-    dst[rr] = out_row(p, req, rv) + col_lane;
-    const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + rv;
-    ws_o[rr] = direct ? nullptr : reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col_lane;
-  }
-#pragma unroll
-  for (int nb = 0; nb < 32; ++nb) {
-    const float4 v = peer_o(peer_src, nb);
-    const float x[2][2] = {{o[nb * 4] * a0[0] + v.x * a1[0], o[nb * 4 + 1] * a0[0] + v.y * a1[0]},
-                           {o[nb * 4 + 2] * a0[1] + v.z * a1[1], o[nb * 4 + 3] * a0[1] + v.w * a1[1]}};
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      if (!valid[rr]) continue;
-      if (direct) {
-        *reinterpret_cast<uint32_t*>(dst[rr] + nb * 8) = pack_bf16x2(x[rr][0], x[rr][1]);
-      } else {
-        *reinterpret_cast<float2*>(ws_o[rr] + nb * 8) = make_float2(x[rr][0], x[rr][1]);
+    if (r >= rows) continue;
+    auto value = [&](int nb) {
+      float2 x = make_float2(o[nb * 4 + 2 * rr] * a0[rr], o[nb * 4 + 2 * rr + 1] * a0[rr]);
+      if constexpr (kMerge) {
+        const float2 v = peer_o(peer_src, nb, rr);
+        x.x += v.x * a1[rr];
+        x.y += v.y * a1[rr];
       }
+      return x;
+    };
+    if (direct) {
+      __nv_bfloat16* dst = out_row(p, req, r) + col_lane;
+#pragma unroll
+      for (int nb = 0; nb < 32; ++nb) {
+        const float2 x = value(nb);
+        *reinterpret_cast<uint32_t*>(dst + nb * 8) = pack_bf16x2(x.x, x.y);
+      }
+    } else {
+      const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + r;
+      float* ws_o = reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col_lane;
+#pragma unroll
+      for (int nb = 0; nb < 32; ++nb) *reinterpret_cast<float2*>(ws_o + nb * 8) = value(nb);
     }
   }
 }
@@ -420,8 +425,9 @@ __device__ __forceinline__ void store_half(const float (&o)[128], const float (&
 // held ~18% of the kernel's warp time (LSU throttle, then the drain at exit). Measured: one-wave
 // shapes 9-22% faster. The fp32 partials keep the register path: their 8-byte stores fill whole
 // sectors, and staging them measured 4-11% slower (perf-notes h9).
-// Requires the K stages to be idle (after kBarFinal) and 16-byte aligned output rows.
-// With a 2-cluster peer (peer_src != 0, h37) the peer is released once its O has been read.
+// Requires the K stages to be idle (after kBarFinal) and 16-byte aligned output rows. kMerge (h37):
+// plus a1 x the 2-cluster peer's O; the peer is released once it has been read.
+template <bool kMerge>
 __device__ __forceinline__ void store_half_staged(const float (&o)[128], const float (&a0)[2], const float (&a1)[2],
                                                   uint32_t peer_src, const KdtreeVerifyParams& p,
                                                   const RequestView& req, int row_tile, int row_in_tile0, int col_half,
@@ -429,17 +435,21 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
   constexpr int kPitch = 256 * 2 + 16;
   const int col_lane = 2 * (lane & 3);
   uint8_t* base = stage_ptr + col_half * HopperConfig::kM * kPitch;
-  uint8_t* row_lo = base + row_in_tile0 * kPitch;
-  uint8_t* row_hi = row_lo + 8 * kPitch;
 #pragma unroll
-  for (int nb = 0; nb < 32; ++nb) {
-    const float4 v = peer_o(peer_src, nb);
-    *reinterpret_cast<uint32_t*>(row_lo + (nb * 8 + col_lane) * 2) =
-        pack_bf16x2(o[nb * 4] * a0[0] + v.x * a1[0], o[nb * 4 + 1] * a0[0] + v.y * a1[0]);
-    *reinterpret_cast<uint32_t*>(row_hi + (nb * 8 + col_lane) * 2) =
-        pack_bf16x2(o[nb * 4 + 2] * a0[1] + v.z * a1[1], o[nb * 4 + 3] * a0[1] + v.w * a1[1]);
+  for (int rr = 0; rr < 2; ++rr) {
+    uint8_t* row = base + (row_in_tile0 + 8 * rr) * kPitch;
+#pragma unroll
+    for (int nb = 0; nb < 32; ++nb) {
+      float x0 = o[nb * 4 + 2 * rr] * a0[rr], x1 = o[nb * 4 + 2 * rr + 1] * a0[rr];
+      if constexpr (kMerge) {
+        const float2 v = peer_o(peer_src, nb, rr);
+        x0 += v.x * a1[rr];
+        x1 += v.y * a1[rr];
+      }
+      *reinterpret_cast<uint32_t*>(row + (nb * 8 + col_lane) * 2) = pack_bf16x2(x0, x1);
+    }
   }
-  if (peer_src != 0) cluster_arrive();  // every read of the peer's shared memory is done (release)
+  if constexpr (kMerge) cluster_arrive();  // every read of the peer's shared memory is done (release)
   fence_proxy_async();  // the rows, written by the generic proxy, are read by the copy engine
   named_barrier(kBarStore + col_half, 128);
   const int j = thread_in_wg;
@@ -784,18 +794,24 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       cluster_ship_half(o, inv_l, tid, g_hopper_smem + Cfg::kKOff);
       return;
     }
-    float a1[2] = {0.f, 0.f};
-    const uint32_t peer_src =
-        merge_leader ? cluster_merge_factors(inv_l, a1, s_lse, row_in_tile0, tid, smem, Cfg::kKOff, Cfg::kLseOff) : 0u;
-    if (staged_store) {
-      store_half_staged(o, inv_l, a1, peer_src, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK,
-                        g_hopper_smem + Cfg::kKOff);
+    if (merge_leader) {
+      float a1[2];
+      const uint32_t peer_src = cluster_merge_factors(inv_l, a1, s_lse, row_in_tile0, tid, smem, Cfg::kKOff, Cfg::kLseOff);
+      if (staged_store) {
+        store_half_staged<true>(o, inv_l, a1, peer_src, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK,
+                                g_hopper_smem + Cfg::kKOff);
+      } else {
+        store_half<true>(o, inv_l, a1, peer_src, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, true);
+        cluster_arrive();
+      }
+      cluster_wait();  // the peer's phase-2 arrive (it exits after it)
+    } else if (staged_store) {
+      store_half_staged<false>(o, inv_l, inv_l, 0u, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK,
+                               g_hopper_smem + Cfg::kKOff);
     } else {
-      store_half(o, inv_l, a1, peer_src, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, writes_out);
-      if (merge_leader) cluster_arrive();
+      store_half<false>(o, inv_l, inv_l, 0u, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, direct);
     }
-    if (merge_leader) cluster_wait();  // the peer's phase-2 arrive (it exits after it)
-    if (!writes_out && (lane & 3) == 0) {
+    if (!direct && !merge_leader && (lane & 3) == 0) {
       const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * Cfg::kM * kVDim;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
@@ -863,17 +879,23 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       cluster_ship_half(o, inv_l, tid, g_hopper_smem + Cfg::kKOff);
       return;
     }
-    float a1[2] = {0.f, 0.f};
-    const uint32_t peer_src =
-        merge_leader ? cluster_merge_factors(inv_l, a1, s_lse, row_in_tile0, tid, smem, Cfg::kKOff, Cfg::kLseOff) : 0u;
-    if (staged_store) {
-      store_half_staged(o, inv_l, a1, peer_src, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK,
-                        g_hopper_smem + Cfg::kKOff);
+    if (merge_leader) {
+      float a1[2];
+      const uint32_t peer_src = cluster_merge_factors(inv_l, a1, s_lse, row_in_tile0, tid, smem, Cfg::kKOff, Cfg::kLseOff);
+      if (staged_store) {
+        store_half_staged<true>(o, inv_l, a1, peer_src, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK,
+                                g_hopper_smem + Cfg::kKOff);
+      } else {
+        store_half<true>(o, inv_l, a1, peer_src, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, true);
+        cluster_arrive();
+      }
+      cluster_wait();  // the peer's phase-2 arrive (it exits after it)
+    } else if (staged_store) {
+      store_half_staged<false>(o, inv_l, inv_l, 0u, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK,
+                               g_hopper_smem + Cfg::kKOff);
     } else {
-      store_half(o, inv_l, a1, peer_src, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, writes_out);
-      if (merge_leader) cluster_arrive();
+      store_half<false>(o, inv_l, inv_l, 0u, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, direct);
     }
-    if (merge_leader) cluster_wait();  // the peer's phase-2 arrive (it exits after it)
 #ifdef KDTREE_TIMELINE
     if (tid == 128) {
       tl_wg1[0] = tl[2];

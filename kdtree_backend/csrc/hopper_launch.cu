@@ -127,6 +127,13 @@ bool encodes_sglang_q_layout() {
 
 // h37: 2-split plans merge in 2-CTA clusters (the kernel reads the cluster size, so the launch decides).
 bool merges_in_cluster(const KdtreeVerifyParams& p) { return kClusterMerge && p.num_splits == 2; }
+// Diagnostics only (-DKDTREE_CLUSTER_LAUNCH_ONLY): the 2-CTA cluster launch without the merge
+// (partials and the combine as before), to separate the launch's cost from the merge's.
+#ifdef KDTREE_CLUSTER_LAUNCH_ONLY
+bool launches_clusters(const KdtreeVerifyParams& p) { return p.num_splits == 2; }
+#else
+bool launches_clusters(const KdtreeVerifyParams& p) { return merges_in_cluster(p); }
+#endif
 
 }  // namespace
 
@@ -169,7 +176,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   cluster.val.clusterDim.y = 2;
   cluster.val.clusterDim.z = 1;
   cfg.attrs = &cluster;
-  cfg.numAttrs = cluster_merge ? 1 : 0;
+  cfg.numAttrs = launches_clusters(p) ? 1 : 0;
   e = cudaLaunchKernelEx(&cfg, kKernels[fold_scales(p) ? 1 : 0], p, q_map, q_tma);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {
