@@ -146,46 +146,6 @@ __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-// h37: a 2-split plan runs as clusters of the two splits of one row tile (hopper_launch.cu), and the
-// splits merge through distributed shared memory instead of fp32 partials and the combine pass.
-// A launch without clusters is a cluster of one (%cluster_nctarank = 1): the old split path.
-// A/B: -DKDTREE_NO_CLUSTER_MERGE (2-split plans write partials and run the combine, as before).
-#if defined(KDTREE_NO_CLUSTER_MERGE) || defined(KDTREE_CLUSTER_LAUNCH_ONLY)
-constexpr bool kClusterMerge = false;
-#else
-constexpr bool kClusterMerge = true;
-#endif
-__device__ __forceinline__ uint32_t cluster_size() {
-  uint32_t n;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-  return n;
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of both CTAs arrives, then waits for all of them (release / acquire: shared-memory
-// writes before a CTA's arrive are visible to the other CTA's reads after its wait).
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
-// The same shared-memory offset in CTA `rank` of the cluster.
-__device__ __forceinline__ uint32_t peer_smem(uint32_t addr, uint32_t rank) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-  return r;
-}
-__device__ __forceinline__ float ld_peer_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ float2 ld_peer_f2(uint32_t addr) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-  return v;
-}
-
 // WG0's online-softmax state for its two rows (lane/4 and lane/4 + 8 of its warp's 16).
 struct SoftmaxState {
   float m[2];
@@ -331,61 +291,11 @@ __device__ __forceinline__ void rescale(float (&o)[128], const float (&alpha)[2]
   for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
 }
 
-// h37, the second split of a 2-cluster: its normalised O (fp32) goes into its own idle K stages in
-// each thread's register order (float2 (2 nb + rr) of thread t at ((2 nb + rr) * 256 + t) * 8:
-// conflict-free), where the first split reads it (peer_o); then it waits until that read is done
-// (its shared memory must outlive it).
-__device__ __forceinline__ void cluster_ship_half(const float (&o)[128], const float (&inv_l)[2], int tid,
-                                                  uint8_t* stage_ptr) {
-  float2* dst = reinterpret_cast<float2*>(stage_ptr) + tid;
-#pragma unroll
-  for (int nb = 0; nb < 32; ++nb)
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
-      dst[(2 * nb + rr) * 256] = make_float2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
-  cluster_arrive();  // O and the row lse (s_lse, written before kBarFinal) are ready
-  cluster_wait();
-  cluster_arrive();  // phase 2 completes when the first split has read them
-  cluster_wait();
-}
-
-// h37, the first split of a 2-cluster: waits for the peer's O and row lse and turns this thread's
-// two rows' 1/l into the merge's factors, as the combine merges: out = a0 O + a1 O_peer with
-// a0 = w0 / (l0 (w0 + w1)), a1 = w1 / (w0 + w1), w = 2^(lse - max lse); a row neither split saw
-// (both lse -inf) is 0. Returns the address of this thread's block of the peer's O; the stores read
-// it beside o (so o is only read: merging into o itself made ptxas take 255 registers).
-__device__ __forceinline__ uint32_t cluster_merge_factors(float (&a0)[2], float (&a1)[2], const float* s_lse,
-                                                          int row_in_tile0, int tid, uint32_t smem, uint32_t stage_off,
-                                                          uint32_t lse_off) {
-  cluster_arrive();
-  cluster_wait();
-  const uint32_t peer = peer_smem(smem, cluster_rank() ^ 1u);
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const int row = row_in_tile0 + 8 * rr;
-    const float l0 = s_lse[row], l1 = ld_peer_f32(peer + lse_off + row * 4);
-    const float mx = fmaxf(l0, l1);
-    const float w0 = mx == -CUDART_INF_F ? 0.f : exp2f(l0 - mx), w1 = mx == -CUDART_INF_F ? 0.f : exp2f(l1 - mx);
-    const float inv = w0 + w1 > 0.f ? 1.f / (w0 + w1) : 0.f;
-    a0[rr] *= w0 * inv;
-    a1[rr] = w1 * inv;
-  }
-  return peer + stage_off + tid * 8;
-}
-
-// h37: the peer's O for row rr of this thread, columns 8 nb + 2 (lane & 3) + {0, 1}: float2
-// (2 nb + rr) of the thread's shipped block (cluster_ship_half).
-__device__ __forceinline__ float2 peer_o(uint32_t peer_src, int nb, int rr) {
-  return ld_peer_f2(peer_src + ((2 * nb + rr) * 256) * 8);
-}
-
-// Writes this thread's 2 rows x 256 columns of O, scaled per row by a0 (1/l), to `out` (bf16) or to
-// the split workspace (fp32). kMerge (h37, the first split of a 2-cluster): plus a1 x the peer's O.
-template <bool kMerge>
-__device__ __forceinline__ void store_half(const float (&o)[128], const float (&a0)[2], const float (&a1)[2],
-                                           uint32_t peer_src, const KdtreeVerifyParams& p, const RequestView& req,
-                                           int b, int split, int row_tile, int num_row_tiles, int row_in_tile0,
-                                           int col_half, int lane, bool direct) {
+// Writes this thread's 2 rows x 256 columns of O (already normalised by 1/l) to `out` (bf16) or to
+// the split workspace (fp32).
+__device__ __forceinline__ void store_half(const float (&o)[128], const float (&inv_l)[2], const KdtreeVerifyParams& p,
+                                           const RequestView& req, int b, int split, int row_tile, int num_row_tiles,
+                                           int row_in_tile0, int col_half, int lane, bool direct) {
   const int H = p.num_heads;
   const int rows = req.n * H;
   const int col_lane = col_half * 256 + 2 * (lane & 3);
@@ -393,27 +303,21 @@ __device__ __forceinline__ void store_half(const float (&o)[128], const float (&
   for (int rr = 0; rr < 2; ++rr) {
     const int r = row_tile * HopperConfig::kM + row_in_tile0 + rr * 8;
     if (r >= rows) continue;
-    auto value = [&](int nb) {
-      float2 x = make_float2(o[nb * 4 + 2 * rr] * a0[rr], o[nb * 4 + 2 * rr + 1] * a0[rr]);
-      if constexpr (kMerge) {
-        const float2 v = peer_o(peer_src, nb, rr);
-        x.x += v.x * a1[rr];
-        x.y += v.y * a1[rr];
-      }
-      return x;
-    };
     if (direct) {
       __nv_bfloat16* dst = out_row(p, req, r) + col_lane;
 #pragma unroll
       for (int nb = 0; nb < 32; ++nb) {
-        const float2 x = value(nb);
-        *reinterpret_cast<uint32_t*>(dst + nb * 8) = pack_bf16x2(x.x, x.y);
+        *reinterpret_cast<uint32_t*>(dst + nb * 8) =
+            pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
       }
     } else {
       const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + r;
       float* ws_o = reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col_lane;
 #pragma unroll
-      for (int nb = 0; nb < 32; ++nb) *reinterpret_cast<float2*>(ws_o + nb * 8) = value(nb);
+      for (int nb = 0; nb < 32; ++nb) {
+        *reinterpret_cast<float2*>(ws_o + nb * 8) =
+            make_float2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
+      }
     }
   }
 }
@@ -425,13 +329,11 @@ __device__ __forceinline__ void store_half(const float (&o)[128], const float (&
 // held ~18% of the kernel's warp time (LSU throttle, then the drain at exit). Measured: one-wave
 // shapes 9-22% faster. The fp32 partials keep the register path: their 8-byte stores fill whole
 // sectors, and staging them measured 4-11% slower (perf-notes h9).
-// Requires the K stages to be idle (after kBarFinal) and 16-byte aligned output rows. kMerge (h37):
-// plus a1 x the 2-cluster peer's O; the peer is released once it has been read.
-template <bool kMerge>
-__device__ __forceinline__ void store_half_staged(const float (&o)[128], const float (&a0)[2], const float (&a1)[2],
-                                                  uint32_t peer_src, const KdtreeVerifyParams& p,
-                                                  const RequestView& req, int row_tile, int row_in_tile0, int col_half,
-                                                  int lane, int thread_in_wg, uint32_t stage_smem, uint8_t* stage_ptr) {
+// Requires the K stages to be idle (after kBarFinal) and 16-byte aligned output rows.
+__device__ __forceinline__ void store_half_staged(const float (&o)[128], const float (&inv_l)[2],
+                                                  const KdtreeVerifyParams& p, const RequestView& req, int row_tile,
+                                                  int row_in_tile0, int col_half, int lane, int thread_in_wg,
+                                                  uint32_t stage_smem, uint8_t* stage_ptr) {
   constexpr int kPitch = 256 * 2 + 16;
   const int col_lane = 2 * (lane & 3);
   uint8_t* base = stage_ptr + col_half * HopperConfig::kM * kPitch;
@@ -440,16 +342,10 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
     uint8_t* row = base + (row_in_tile0 + 8 * rr) * kPitch;
 #pragma unroll
     for (int nb = 0; nb < 32; ++nb) {
-      float x0 = o[nb * 4 + 2 * rr] * a0[rr], x1 = o[nb * 4 + 2 * rr + 1] * a0[rr];
-      if constexpr (kMerge) {
-        const float2 v = peer_o(peer_src, nb, rr);
-        x0 += v.x * a1[rr];
-        x1 += v.y * a1[rr];
-      }
-      *reinterpret_cast<uint32_t*>(row + (nb * 8 + col_lane) * 2) = pack_bf16x2(x0, x1);
+      *reinterpret_cast<uint32_t*>(row + (nb * 8 + col_lane) * 2) =
+          pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
     }
   }
-  if constexpr (kMerge) cluster_arrive();  // every read of the peer's shared memory is done (release)
   fence_proxy_async();  // the rows, written by the generic proxy, are read by the copy engine
   named_barrier(kBarStore + col_half, 128);
   const int j = thread_in_wg;
@@ -659,18 +555,13 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 
   float o[128];
   const bool direct = w.active == 1;
-  // h37: a request cut in two, launched as a 2-cluster of its splits: split 1 ships its O to split 0,
-  // which merges and writes `out` (no partials, no combine pass for this request).
-  const bool cluster_merge = kClusterMerge && w.active == 2 && cluster_size() == 2;
-  const bool merge_leader = cluster_merge && split == 0;
-  const bool writes_out = direct || merge_leader;
   const int num_row_tiles = gridDim.x;
   // The direct output goes through shared memory and bulk copies when its rows are 16-byte aligned
   // (always, for a torch-allocated tensor; an 8-byte aligned `out` view takes the register path).
 #ifdef KDTREE_REGISTER_EPILOGUE
   const bool staged_store = false;
 #else
-  const bool staged_store = writes_out && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
+  const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
 #endif
 
   if (wg == 0) {
@@ -790,28 +681,12 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     }
     named_barrier(kBarFinal, 256);  // also: both warpgroups are done with the K stages
     KDTREE_TL(6);
-    if (cluster_merge && !merge_leader) {
-      cluster_ship_half(o, inv_l, tid, g_hopper_smem + Cfg::kKOff);
-      return;
-    }
-    if (merge_leader) {
-      float a1[2];
-      const uint32_t peer_src = cluster_merge_factors(inv_l, a1, s_lse, row_in_tile0, tid, smem, Cfg::kKOff, Cfg::kLseOff);
-      if (staged_store) {
-        store_half_staged<true>(o, inv_l, a1, peer_src, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK,
-                                g_hopper_smem + Cfg::kKOff);
-      } else {
-        store_half<true>(o, inv_l, a1, peer_src, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, true);
-        cluster_arrive();
-      }
-      cluster_wait();  // the peer's phase-2 arrive (it exits after it)
-    } else if (staged_store) {
-      store_half_staged<false>(o, inv_l, inv_l, 0u, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK,
-                               g_hopper_smem + Cfg::kKOff);
+    if (staged_store) {
+      store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
     } else {
-      store_half<false>(o, inv_l, inv_l, 0u, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, direct);
+      store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 0, lane, direct);
     }
-    if (!direct && !merge_leader && (lane & 3) == 0) {
+    if (!direct && (lane & 3) == 0) {
       const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * Cfg::kM * kVDim;
 #pragma unroll
       for (int rr = 0; rr < 2; ++rr) {
@@ -874,27 +749,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
     }
     named_barrier(kBarFinal, 256);
-    float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
-    if (cluster_merge && !merge_leader) {
-      cluster_ship_half(o, inv_l, tid, g_hopper_smem + Cfg::kKOff);
-      return;
-    }
-    if (merge_leader) {
-      float a1[2];
-      const uint32_t peer_src = cluster_merge_factors(inv_l, a1, s_lse, row_in_tile0, tid, smem, Cfg::kKOff, Cfg::kLseOff);
-      if (staged_store) {
-        store_half_staged<true>(o, inv_l, a1, peer_src, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK,
-                                g_hopper_smem + Cfg::kKOff);
-      } else {
-        store_half<true>(o, inv_l, a1, peer_src, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, true);
-        cluster_arrive();
-      }
-      cluster_wait();  // the peer's phase-2 arrive (it exits after it)
-    } else if (staged_store) {
-      store_half_staged<false>(o, inv_l, inv_l, 0u, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK,
-                               g_hopper_smem + Cfg::kKOff);
+    const float inv_l[2] = {s_inv_l[row_in_tile0], s_inv_l[row_in_tile0 + 8]};
+    if (staged_store) {
+      store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 1, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
     } else {
-      store_half<false>(o, inv_l, inv_l, 0u, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, direct);
+      store_half(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, 1, lane, direct);
     }
 #ifdef KDTREE_TIMELINE
     if (tid == 128) {

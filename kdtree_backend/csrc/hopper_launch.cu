@@ -125,16 +125,6 @@ bool encodes_sglang_q_layout() {
 }
 #endif
 
-// h37: 2-split plans merge in 2-CTA clusters (the kernel reads the cluster size, so the launch decides).
-bool merges_in_cluster(const KdtreeVerifyParams& p) { return kClusterMerge && p.num_splits == 2; }
-// Diagnostics only (-DKDTREE_CLUSTER_LAUNCH_ONLY): the 2-CTA cluster launch without the merge
-// (partials and the combine as before), to separate the launch's cost from the merge's.
-#ifdef KDTREE_CLUSTER_LAUNCH_ONLY
-bool launches_clusters(const KdtreeVerifyParams& p) { return p.num_splits == 2; }
-#else
-bool launches_clusters(const KdtreeVerifyParams& p) { return merges_in_cluster(p); }
-#endif
-
 }  // namespace
 
 static_assert(kRowsPerTile == HopperConfig::kM, "hopper_launch.h and the kernel disagree on the row tile");
@@ -160,31 +150,18 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   CUtensorMap q_map;
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;
-  // h37: a 2-split plan runs as 2-CTA clusters (the two splits of a row tile, grid y), which merge
-  // through distributed shared memory: no combine launch. The H200 holds 66 such pairs at once
-  // (bench/cluster_probe.cu), so a one-wave plan stays one wave; 4- and 8-CTA clusters fit only
-  // 120 SMs, so larger split counts keep the partials and the combine pass.
-  const bool cluster_merge = merges_in_cluster(p);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(HopperConfig::kThreads);
-  cfg.dynamicSmemBytes = HopperConfig::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = 2;
-  cluster.val.clusterDim.z = 1;
-  cfg.attrs = &cluster;
-  cfg.numAttrs = launches_clusters(p) ? 1 : 0;
-  e = cudaLaunchKernelEx(&cfg, kKernels[fold_scales(p) ? 1 : 0], p, q_map, q_tma);
-  if (e == cudaSuccess) e = cudaGetLastError();
+  if (fold_scales(p)) {
+    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
+  } else {
+    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
+  }
+  e = cudaGetLastError();
   if (e != cudaSuccess) {
-    snprintf(err, err_len, "launch of the Hopper verify kernel (grid %d x %d x %d%s) failed: %s", row_tiles,
-             p.num_splits, p.batch, cluster_merge ? ", 2-CTA clusters" : "", cudaGetErrorString(e));
+    snprintf(err, err_len, "launch of the Hopper verify kernel (grid %d x %d x %d) failed: %s", row_tiles,
+             p.num_splits, p.batch, cudaGetErrorString(e));
     return status_of(e);
   }
-  if (p.num_splits > 1 && !cluster_merge) {
+  if (p.num_splits > 1) {
     launch_combine<HopperConfig>(p, row_tiles, stream);
     e = cudaGetLastError();
     if (e != cudaSuccess) {
@@ -212,39 +189,6 @@ int probe(int device, char* msg, size_t msg_len) {
     snprintf(msg, msg_len, "device %d allows %d bytes of shared memory per block; the Hopper kernel needs %d", device,
              optin, HopperConfig::kSmemBytes);
     return KDTREE_ERR_UNSUPPORTED;
-  }
-  // h37: 2-split plans launch 2-CTA clusters of this kernel; a device (or MIG slice) that cannot
-  // place one stops the start-up here rather than failing the first such launch.
-  if (kClusterMerge) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(1, 2, 1);
-    cfg.blockDim = dim3(HopperConfig::kThreads);
-    cfg.dynamicSmemBytes = HopperConfig::kSmemBytes;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 1;
-    cluster.val.clusterDim.y = 2;
-    cluster.val.clusterDim.z = 1;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    char err[256];
-    int rc = ensure_smem_attribute(device, err, sizeof(err));
-    if (rc != KDTREE_OK) {
-      snprintf(msg, msg_len, "%s", err);
-      return rc;
-    }
-    for (auto kernel : kKernels) {
-      int n = 0;
-      e = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg);
-      if (e != cudaSuccess || n < 1) {
-        cudaGetLastError();
-        snprintf(msg, msg_len,
-                 "device %d cannot co-schedule the Hopper kernel's 2-CTA clusters (2-split plans merge in them): %s; "
-                 "set KDTREE_KERNEL=portable",
-                 device, e != cudaSuccess ? cudaGetErrorString(e) : "0 clusters fit");
-        return KDTREE_ERR_UNSUPPORTED;
-      }
-    }
   }
 #ifdef KDTREE_Q_CP_ASYNC
   const char* q_path = "Q by cp.async (A/B build)";

@@ -268,12 +268,12 @@ def test_split_combine_layouts(ops, monkeypatch, splits):
 
 @pytest.mark.parametrize("heads,out_rows", [(16, "aligned"), (3, "aligned"), (8, "8-byte")])
 def test_two_split_merge(ops, monkeypatch, heads, out_rows):
-    """A 2-split plan: on the Hopper path the two splits of a row tile run as a 2-CTA cluster and
-    merge through distributed shared memory (h37); the portable path runs the combine. Requests
-    with both splits active (long ragged prefixes; a draft-only request whose early rows see no
-    key of the second split), with one active split (a single key tile), Q by TMA (H = 16) and by
-    cp.async with padding rows (H = 3), and an `out` on 8-byte boundaries (the register store
-    path). Compared with float64, and bitwise stable across calls."""
+    """A 2-split plan (the grid's B32 H8 n16 and B8 H8 n64 shapes plan 2): requests with both
+    splits active (long ragged prefixes; a draft-only request whose early rows see no key of the
+    second split, lse -inf there), with one active split (a single key tile), Q by TMA (H = 16)
+    and by cp.async with padding rows (H = 3), and an `out` on 8-byte boundaries (the register
+    store path). Compared with float64, and bitwise stable across calls. (h37 merged these in
+    2-CTA clusters; the tests stay for whatever merges them.)"""
     monkeypatch.setenv("KDTREE_NUM_SPLITS", "2")
     monkeypatch.setenv("KDTREE_MIN_KEYS_PER_SPLIT", "64")
     ops._plans.clear()
@@ -298,8 +298,8 @@ def test_two_split_merge(ops, monkeypatch, heads, out_rows):
 
 
 def test_planned_two_splits_at_b32_h8_n16(ops):
-    """The grid's B32 H8 n16 shapes plan 2 splits on a 132-SM GPU (Hopper path), so their requests
-    merge in clusters (h37). Random prefixes, some of one key tile (one active split)."""
+    """The grid's B32 H8 n16 shapes plan 2 splits on a 132-SM GPU (Hopper path). Random prefixes,
+    some of one key tile (one active split)."""
     rng = random.Random(9)
     prefixes = [rng.choice([0, 5, rng.randrange(60, 2600)]) for _ in range(32)]
     batch = make_verify_batch(prefixes, num_heads=8, draft_lens=16, mask="tree", mask_dtype=U8, seed=19, device=DEV,
