@@ -27,6 +27,11 @@ struct CombineLayout {
   static constexpr int kRowsPerBlock = kWarps / kWarpsPerRow;
   static constexpr int kF4 = ColsPerWarp / 128;                 // float4 per lane per split
   static constexpr int kUnroll = ColsPerWarp == kVDim ? 8 : 16;  // splits whose loads are in flight at once
+  // h38: splits whose partials are loaded beside the row's lse values, before the weights exist
+  // (they only scale them): one L2 round trip fewer for plans of up to kFirst splits. Whole rows
+  // hold 2 (8 float4 a lane: the block stays at 4 per SM), quarter rows 32 (1 float4 a lane each;
+  // their grids are small, B = 1).
+  static constexpr int kFirst = ColsPerWarp == kVDim ? 2 : 32;
   static_assert(kVDim % ColsPerWarp == 0 && ColsPerWarp % 128 == 0, "whole float4 per lane");
 };
 using CombineWholeRows = CombineLayout<kVDim>;
@@ -54,21 +59,40 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   const float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * p.num_splits * rows_per_split * kVDim;
   const int64_t row0 = static_cast<int64_t>(b) * p.num_splits * rows_per_split + r;
 
-  // Weights first, in parallel over the warp's lanes (one split per lane per step), kept in
-  // shared memory; then a branch-free accumulation with several splits' loads in flight.
+  // The first kFirst splits' partials go out with the lse loads (h38), then the weights, in
+  // parallel over the warp's lanes (one split per lane per step), kept in shared memory; then a
+  // branch-free accumulation of the rest with several splits' loads in flight.
+  const float4* src = reinterpret_cast<const float4*>(ws_o + row0 * kVDim + col0) + lane;
+  const int64_t split_stride4 = rows_per_split * (kVDim / 4);
+  float4 first[Lay::kFirst][Lay::kF4];
+#pragma unroll
+  for (int s = 0; s < Lay::kFirst; ++s)
+#pragma unroll
+    for (int i = 0; i < Lay::kF4; ++i)
+      first[s][i] = s < w.active ? src[s * split_stride4 + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
   __shared__ float weights[Lay::kWarps][kMaxSplits];
   float* wrow = weights[warp];
+  float lse_l[kMaxSplits / 32];
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    const int s = lane + 32 * k;
+    lse_l[k] = s < w.active ? ws_lse[row0 + s * rows_per_split] : -CUDART_INF_F;
+  }
   float lse_max = -CUDART_INF_F;
-  for (int s = lane; s < w.active; s += 32) lse_max = fmaxf(lse_max, ws_lse[row0 + s * rows_per_split]);
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) lse_max = fmaxf(lse_max, lse_l[k]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, off));
   float wsum = 0.f;
-  for (int s = lane; s < w.active; s += 32) {
-    const float lse = ws_lse[row0 + s * rows_per_split];
-    // A split that saw none of this row's keys has lse = -inf: weight 0 (its partial row is 0).
-    const float wt = lse_max == -CUDART_INF_F ? 0.f : exp2f(lse - lse_max);
-    wrow[s] = wt;
-    wsum += wt;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    const int s = lane + 32 * k;
+    if (s < w.active) {
+      // A split that saw none of this row's keys has lse = -inf: weight 0 (its partial row is 0).
+      const float wt = lse_max == -CUDART_INF_F ? 0.f : exp2f(lse_l[k] - lse_max);
+      wrow[s] = wt;
+      wsum += wt;
+    }
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
@@ -77,10 +101,19 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   float4 acc[Lay::kF4];
 #pragma unroll
   for (int i = 0; i < Lay::kF4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float4* src = reinterpret_cast<const float4*>(ws_o + row0 * kVDim + col0) + lane;
-  const int64_t split_stride4 = rows_per_split * (kVDim / 4);
+#pragma unroll
+  for (int s = 0; s < Lay::kFirst; ++s) {
+    const float wt = s < w.active ? wrow[s] : 0.f;
+#pragma unroll
+    for (int i = 0; i < Lay::kF4; ++i) {
+      acc[i].x += wt * first[s][i].x;
+      acc[i].y += wt * first[s][i].y;
+      acc[i].z += wt * first[s][i].z;
+      acc[i].w += wt * first[s][i].w;
+    }
+  }
 #pragma unroll Lay::kUnroll
-  for (int s = 0; s < w.active; ++s) {
+  for (int s = Lay::kFirst; s < w.active; ++s) {
     const float wt = wrow[s];
     const float4* sp = src + s * split_stride4;
 #pragma unroll
