@@ -48,20 +48,16 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   const int r = blockIdx.x * Lay::kRowsPerBlock + warp / Lay::kWarpsPerRow;
   const int col0 = (warp % Lay::kWarpsPerRow) * Lay::kColsPerWarp;  // this warp's first column
   const int b = blockIdx.y;
-  const RequestView req = load_request(p, b);
-  const int H = p.num_heads;
-  if (r >= req.n * H) return;
-  const SplitWork w = request_split_work<Cfg>(p, req);
-  if (w.active <= 1) return;
-
   const int64_t rows_per_split = static_cast<int64_t>(num_row_tiles) * Cfg::kM;
   const float* ws_o = reinterpret_cast<const float*>(p.workspace);
   const float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * p.num_splits * rows_per_split * kVDim;
   const int64_t row0 = static_cast<int64_t>(b) * p.num_splits * rows_per_split + r;
 
-  // The first kFirst splits' partials go out with the lse loads (h38), then the weights, in
-  // parallel over the warp's lanes (one split per lane per step), kept in shared memory; then a
-  // branch-free accumulation of the rest with several splits' loads in flight.
+  // One L2 round trip for the request's indices, the row's lse over the splits and the first
+  // kFirst splits' partials (h38, h38b): none of their addresses depends on the request, and the
+  // partials do not depend on the weights, which only scale them. What is read for a split the
+  // request did not use (stale workspace: any bits) is discarded by selects below, never scaled.
+  // Bounded by the planned split count, so every read stays inside the workspace.
   const float4* src = reinterpret_cast<const float4*>(ws_o + row0 * kVDim + col0) + lane;
   const int64_t split_stride4 = rows_per_split * (kVDim / 4);
   float4 first[Lay::kFirst][Lay::kF4];
@@ -69,15 +65,30 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   for (int s = 0; s < Lay::kFirst; ++s)
 #pragma unroll
     for (int i = 0; i < Lay::kF4; ++i)
-      first[s][i] = s < w.active ? src[s * split_stride4 + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
-  __shared__ float weights[Lay::kWarps][kMaxSplits];
-  float* wrow = weights[warp];
+      first[s][i] = s < p.num_splits ? src[s * split_stride4 + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
   float lse_l[kMaxSplits / 32];
 #pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) {
     const int s = lane + 32 * k;
-    lse_l[k] = s < w.active ? ws_lse[row0 + s * rows_per_split] : -CUDART_INF_F;
+    lse_l[k] = s < p.num_splits ? ws_lse[row0 + s * rows_per_split] : -CUDART_INF_F;
   }
+  const RequestView req = load_request(p, b);
+  const int H = p.num_heads;
+  if (r >= req.n * H) return;
+  const SplitWork w = request_split_work<Cfg>(p, req);
+  if (w.active <= 1) return;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) lse_l[k] = lane + 32 * k < w.active ? lse_l[k] : -CUDART_INF_F;
+#pragma unroll
+  for (int s = 0; s < Lay::kFirst; ++s)
+#pragma unroll
+    for (int i = 0; i < Lay::kF4; ++i) first[s][i] = s < w.active ? first[s][i] : make_float4(0.f, 0.f, 0.f, 0.f);
+
+  // The weights, in parallel over the warp's lanes (one split per lane), kept in shared memory;
+  // then the first splits' partials and a branch-free accumulation of the rest, with several
+  // splits' loads in flight.
+  __shared__ float weights[Lay::kWarps][kMaxSplits];
+  float* wrow = weights[warp];
   float lse_max = -CUDART_INF_F;
 #pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) lse_max = fmaxf(lse_max, lse_l[k]);
