@@ -41,13 +41,22 @@ using CombineQuarterRows = CombineLayout<128>;
 constexpr int kCombineQuarterMinSplits = 17;
 constexpr int kMaxSplits = 128;  // kdtree_verify_run refuses more
 
-template <class Cfg, class Lay>
+// kPdl (h39, the Hopper path): launched as a programmatic dependent of the verify kernel, whose
+// CTAs trigger it at their epilogue: the blocks start while the verify kernel's last CTAs store,
+// load the request's indices (inputs, which that kernel does not write), and wait for it to
+// complete (griddepcontrol.wait) before reading its partials. Without PDL the wait returns at once.
+template <class Cfg, class Lay, bool kPdl>
 __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const KdtreeVerifyParams p, int num_row_tiles) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int r = blockIdx.x * Lay::kRowsPerBlock + warp / Lay::kWarpsPerRow;
   const int col0 = (warp % Lay::kWarpsPerRow) * Lay::kColsPerWarp;  // this warp's first column
   const int b = blockIdx.y;
+  RequestView req;
+  if constexpr (kPdl) {
+    req = load_request(p, b);
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  }
   const int64_t rows_per_split = static_cast<int64_t>(num_row_tiles) * Cfg::kM;
   const float* ws_o = reinterpret_cast<const float*>(p.workspace);
   const float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * p.num_splits * rows_per_split * kVDim;
@@ -72,7 +81,7 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
     const int s = lane + 32 * k;
     lse_l[k] = s < p.num_splits ? ws_lse[row0 + s * rows_per_split] : -CUDART_INF_F;
   }
-  const RequestView req = load_request(p, b);
+  if constexpr (!kPdl) req = load_request(p, b);
   const int H = p.num_heads;
   if (r >= req.n * H) return;
   const SplitWork w = request_split_work<Cfg>(p, req);
@@ -147,21 +156,33 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   }
 }
 
-template <class Cfg, class Lay>
-inline void launch_combine_layout(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
+template <class Cfg, class Lay, bool kPdl>
+inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
   const dim3 grid((row_tiles * Cfg::kM + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
-  combine_splits_kernel<Cfg, Lay><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
+  if constexpr (kPdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(Lay::kThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, combine_splits_kernel<Cfg, Lay, true>, p, row_tiles);
+  } else {
+    combine_splits_kernel<Cfg, Lay, false><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
+    return cudaGetLastError();
+  }
 }
 
 // Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows (both
-// launchers), in the layout the planned split count picks; the caller checks cudaGetLastError.
-template <class Cfg>
-inline void launch_combine(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
-  if (p.num_splits >= kCombineQuarterMinSplits) {
-    launch_combine_layout<Cfg, CombineQuarterRows>(p, row_tiles, stream);
-  } else {
-    launch_combine_layout<Cfg, CombineWholeRows>(p, row_tiles, stream);
-  }
+// launchers), in the layout the planned split count picks; returns the launch's error.
+// kPdl: as a programmatic dependent of the main kernel, which must trigger it (h39).
+template <class Cfg, bool kPdl = false>
+inline cudaError_t launch_combine(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
+  if (p.num_splits >= kCombineQuarterMinSplits) return launch_combine_layout<Cfg, CombineQuarterRows, kPdl>(p, row_tiles, stream);
+  return launch_combine_layout<Cfg, CombineWholeRows, kPdl>(p, row_tiles, stream);
 }
 
 }  // namespace kdtree

@@ -58,6 +58,14 @@ static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit th
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
               "128-byte swizzle atoms must start on 1024-byte boundaries");
 
+// h39: the split combine runs as a programmatic dependent launch (PDL) of this kernel, triggered by
+// every CTA once its tile loop is done. A/B: -DKDTREE_NO_COMBINE_PDL (an ordinary launch, as before).
+#ifdef KDTREE_NO_COMBINE_PDL
+constexpr bool kCombineAsDependent = false;
+#else
+constexpr bool kCombineAsDependent = true;
+#endif
+
 // Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
 constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
@@ -681,6 +689,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     }
     named_barrier(kBarFinal, 256);  // also: both warpgroups are done with the K stages
     KDTREE_TL(6);
+    // h39: the split combine (a programmatic dependent) may start once every CTA is here: its blocks
+    // load the request's indices while the output stores drain, then wait for this grid to finish.
+    if (kCombineAsDependent && tid == 0) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     if (staged_store) {
       store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, 0, lane, tid & 127, sK, g_hopper_smem + Cfg::kKOff);
     } else {

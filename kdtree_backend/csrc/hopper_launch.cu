@@ -162,8 +162,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     return status_of(e);
   }
   if (p.num_splits > 1) {
-    launch_combine<HopperConfig>(p, row_tiles, stream);
-    e = cudaGetLastError();
+    e = launch_combine<HopperConfig, kCombineAsDependent>(p, row_tiles, stream);  // h39: PDL
     if (e != cudaSuccess) {
       snprintf(err, err_len, "launch of the split-combine kernel (Hopper) failed: %s", cudaGetErrorString(e));
       return KDTREE_ERR_CUDA;

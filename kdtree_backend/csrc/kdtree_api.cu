@@ -79,8 +79,7 @@ struct Launcher {
                   cudaGetErrorString(e));
     }
     if (p.num_splits > 1) {
-      kdtree::launch_combine<Cfg>(p, row_tiles, stream);
-      e = cudaGetLastError();
+      e = kdtree::launch_combine<Cfg>(p, row_tiles, stream);
       if (e != cudaSuccess) {
         return fail(KDTREE_ERR_CUDA, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
       }
