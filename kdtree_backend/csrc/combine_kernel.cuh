@@ -178,13 +178,18 @@ inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_ti
 
 // Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows (both
 // launchers), in the layout the planned split count picks; returns the launch's error.
-// kPdl: the whole-rows layout (<= 16 splits) as a programmatic dependent of the main kernel, which
-// must trigger it (h39). Not the quarter rows (B = 1 plans of 17-128 splits): there the device-side
-// wait measured ~2% slower than the plain kernel boundary (perf-notes h39).
+// kPdl: plans of up to kCombinePdlMaxSplits splits launch the merge as a programmatic dependent of
+// the main kernel, which must trigger it (h39b). Measured against ordinary launches (perf-notes h39,
+// h39b): 2 and 4 splits 2-5.5% faster end to end; 8 splits 2-9% slower, and the quarter rows (B = 1
+// plans of 17-128 splits) ~2% slower: there the device-side wait costs more than the kernel boundary.
+constexpr int kCombinePdlMaxSplits = 4;
 template <class Cfg, bool kPdl = false>
 inline cudaError_t launch_combine(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
   if (p.num_splits >= kCombineQuarterMinSplits) return launch_combine_layout<Cfg, CombineQuarterRows, false>(p, row_tiles, stream);
-  return launch_combine_layout<Cfg, CombineWholeRows, kPdl>(p, row_tiles, stream);
+  if constexpr (kPdl) {
+    if (p.num_splits <= kCombinePdlMaxSplits) return launch_combine_layout<Cfg, CombineWholeRows, true>(p, row_tiles, stream);
+  }
+  return launch_combine_layout<Cfg, CombineWholeRows, false>(p, row_tiles, stream);
 }
 
 }  // namespace kdtree
