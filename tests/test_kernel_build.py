@@ -133,9 +133,9 @@ def test_run_rejects_null_pointers_before_touching_the_gpu(report):
     assert rc != 0 and "NULL" in lib.kdtree_error_string(rc).decode()
 
 
-def _hopper_kernel_sass(report):
-    """The SASS of the library's two Hopper verify kernels (both instantiations): per kernel, its
-    instruction lines, each cut at its ';' (the encoding comments dropped)."""
+def _sm90a_sass(report):
+    """The library's sm_90a SASS: per function (mangled name), its instruction lines, each cut at
+    its ';' (the encoding comments dropped)."""
     import subprocess  # noqa: PLC0415
 
     tool = build.find_cuobjdump()
@@ -143,10 +143,18 @@ def _hopper_kernel_sass(report):
         pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to read the SASS")
     sass = subprocess.run([tool, "-sass", "-arch", "sm_90a", str(report.path)], capture_output=True, text=True,
                           check=True).stdout
-    kernels = sass.split("Function : ")[1:]
-    hopper = [k for k in kernels if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
+    functions = {}
+    for body in sass.split("Function : ")[1:]:
+        name, _, rest = body.partition("\n")
+        functions[name.strip()] = [ln.split(";")[0] for ln in rest.splitlines() if "/*" in ln and ";" in ln]
+    return functions
+
+
+def _hopper_kernel_sass(report):
+    """The instruction lines of the library's two Hopper verify kernels (both instantiations)."""
+    hopper = [v for k, v in _sm90a_sass(report).items() if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
     assert len(hopper) == 2
-    return [[ln.split(";")[0] for ln in body.splitlines() if "/*" in ln and ";" in ln] for body in hopper]
+    return hopper
 
 
 def test_hopper_qk_issue_uses_uniform_descriptors(report):
@@ -175,6 +183,28 @@ def test_hopper_pv_starts_under_the_softmax(report):
         exp2 = [i for i in range(qk[-1], pv[-1]) if "MUFU.EX2" in lines[i]]
         assert len(exp2) >= 32, "the tile's 32 exp2s a thread sit between QK^T and the last PV step"
         assert pv[0] < exp2[-1], "the first PV step is issued before the softmax's last exp2"
+
+
+def test_hopper_split_combine_is_a_programmatic_dependent(report):
+    """h39b: each Hopper verify CTA triggers its dependents once its tile loop is done
+    (griddepcontrol.launch_dependents, SASS PREEXIT), and the combine launched as their programmatic
+    dependent (2-4-split plans) waits for the verify grid (griddepcontrol.wait, SASS ACQBULK) before it
+    reads the partials; only the request's indices are loaded ahead. Without the trigger the merge
+    would start only when the verify kernel exits (the 2-5.5% it measured gone, nothing failing);
+    without the wait it would read partials still being written."""
+    functions = _sm90a_sass(report)
+    for lines in _hopper_kernel_sass(report):
+        assert sum("PREEXIT" in ln for ln in lines) == 1, "one trigger per verify kernel"
+    combine = {k: v for k, v in functions.items() if k.startswith("_ZN6kdtree21combine_splits_kernelINS_6hopper")}
+    pdl = [v for k, v in combine.items() if k.endswith("ELb1EEEv18KdtreeVerifyParamsi")]
+    plain = [v for k, v in combine.items() if k.endswith("ELb0EEEv18KdtreeVerifyParamsi")]
+    assert len(pdl) == 1 and len(plain) == 2, sorted(combine)
+    waits = [i for i, ln in enumerate(pdl[0]) if "ACQBULK" in ln]
+    assert len(waits) == 1
+    ahead = [ln for ln in pdl[0][:waits[0]] if "LDG" in ln]
+    assert len(ahead) <= 8, f"only the request's indices (int32 or int64) are read before the wait: {ahead}"
+    assert sum("LDG" in ln for ln in pdl[0][waits[0]:]) >= 8, "the lse and partials are read after it"
+    assert all(not any("ACQBULK" in ln for ln in v) for v in plain), "an ordinary launch has nothing to wait for"
 
 
 def test_hopper_ab_switches_named_in_the_docs_exist_in_the_source():
