@@ -4,8 +4,10 @@
 
 Each shape runs `--calls` times with L2 flushed before every call (a 256 MB buffer rewritten), as
 the benchmark's rotated input sets keep it cold; the median duration of each kernel name is
-printed with the plan's split count. The flush kernels are left out. Used to see what the
-split partials and their merge cost before changing the split epilogue (perf-notes h37).
+printed. The flush kernels are left out. Used to see what the split partials and their merge
+cost before changing the split epilogue (perf-notes h37, h38). A combine launched as a
+programmatic dependent (Hopper, 2-4 splits, h39b) starts before the verify kernel ends and waits
+for it, so its span here includes that wait: compare such shapes end to end (bench_verify.py).
 """
 from __future__ import annotations
 
