@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from conftest import clean_env, run_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,21 +69,21 @@ def test_sanitize_path_runs_racecheck_and_memcheck_on_the_path(tmp_path):
     assert (out / "racecheck-hopper.log").exists() and (out / "memcheck-hopper.log").exists()
 
 
-def test_gather_probe_compiles_for_sm90a(tmp_path):
-    """bench/gather_probe.cu (the device diagnostic for the gather's next step) builds with the
-    project's nvcc for sm_90a without warnings, so it is ready for its device run."""
+@pytest.mark.parametrize("probe", ["gather_probe", "cluster_probe"])
+def test_device_probe_compiles_for_sm90a(tmp_path, probe):
+    """The standalone device diagnostics under bench/ (gather_probe.cu: the gather's copy paths;
+    cluster_probe.cu: how many CTA clusters of the Hopper kernel's shape fit) build with the
+    project's nvcc for sm_90a without warnings or spills, so they are ready for a device run."""
     import subprocess
-
-    import pytest
 
     from kdtree_backend.build import find_nvcc
 
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (the kernel build tests skip too)")
-    out = tmp_path / "gather_probe"
+    out = tmp_path / probe
     r = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
-                        str(ROOT / "bench" / "gather_probe.cu"), "-o", str(out)], capture_output=True, text=True,
+                        str(ROOT / "bench" / f"{probe}.cu"), "-o", str(out)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert out.exists()
