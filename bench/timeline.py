@@ -8,6 +8,13 @@ runs the op on one shape with a cold L2 (a 256 MB buffer is rewritten before the
 copies the stamps out with `kdtree_timeline_copy` and prints, per milestone, the median and max
 over CTAs of its time since the CTA started, plus the CTAs' start spread and the kernel's span.
 One shape per process: the stamp buffer starts zeroed only when the library is loaded.
+
+`--replays N` (no cold L2: calls back to back, as the benchmark's replays run) stamps N calls one
+by one and prints, per call, its span, the CTAs' tile-loop time per tile (median, p10, p90), the SM
+clock each CTA's loop ran at (clock64 over %globaltimer) and how far apart the row tiles that
+share a request's keys ran (the loop-start skew inside each (request, split) group); `--json`
+then holds every CTA's numbers per call. It was written for the bimodal replays of the HBM-bound
+H8 n16 shapes (docs/perf-notes.md h40).
 """
 from __future__ import annotations
 
@@ -26,7 +33,7 @@ from smoke import make_batch  # noqa: E402
 
 from kdtree_backend.ops import verify_attention  # noqa: E402
 
-SLOTS, CTAS = 10, 8192
+SLOTS, CTAS = 12, 8192  # = kTimelineSlots, kTimelineCtas (hopper_kernel.cuh)
 # (name, slot): slot 2 and 8 are WG1's, the rest WG0's (thread 0).
 MILESTONES = (("request loaded", 1), ("WG1 prologue tiles out", 2), ("Q visible", 3), ("K tile 0 landed", 4),
               ("tile loop done", 5), ("final barrier", 6), ("WG0 output stored", 7), ("WG1 output stored", 8))
@@ -36,9 +43,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", help="B,H,n,L")
     ap.add_argument("--json")
+    ap.add_argument("--replays", type=int, default=0, help="stamp this many back-to-back calls (see above)")
     args = ap.parse_args()
     B, H, n, L = (int(x) for x in args.shape.split(","))
     a = make_batch(B, H, n, [L] * B, seed=3, pool_extra=L)
+    if args.replays:
+        return replays(a, (B, H, n, L), args.replays, args.json)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     for _ in range(3):
         verify_attention(**a)
@@ -53,6 +63,8 @@ def main() -> int:
         print(f"kdtree_timeline_copy failed: {rc}")
         return 1
     rows = [buf[i * SLOTS:(i + 1) * SLOTS] for i in range(CTAS) if buf[i * SLOTS + 9] > 0]
+    for r in rows:
+        r[9] &= 0xFFFFFFFF  # the tile count (the SM id is in the high half)
     t0 = min(r[0] for r in rows)
     end = max(max(r[7], r[8]) for r in rows)
     res = {"shape": [B, H, n, L], "ctas": len(rows), "span_us": (end - t0) / 1e3,
@@ -71,6 +83,71 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
+    return 0
+
+
+def _copy_stamps(lib):
+    buf = (ctypes.c_ulonglong * (CTAS * SLOTS))()
+    rc = lib.kdtree_timeline_copy(buf, ctypes.sizeof(buf))
+    if rc != 0:
+        raise RuntimeError(f"kdtree_timeline_copy failed: {rc}")
+    return buf
+
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def replays(a, shape, count, json_path) -> int:
+    B, H, n, L = shape
+    row_tiles = (H * n + 63) // 64
+    lib = ctypes.CDLL(os.environ["KDTREE_LIB"])
+    for _ in range(5):
+        verify_attention(**a)
+    torch.cuda.synchronize()
+    # Every call of one shape runs the same CTAs, and each CTA rewrites its whole row of stamps.
+    out = []
+    for rep in range(count):
+        verify_attention(**a)
+        torch.cuda.synchronize()
+        buf = _copy_stamps(lib)
+        ctas = []
+        for i in range(CTAS):
+            r = buf[i * SLOTS:(i + 1) * SLOTS]
+            if r[9] == 0 or r[0] == 0:
+                continue
+            tiles, smid = r[9] & 0xFFFFFFFF, r[9] >> 32
+            ns = max(1, r[5] - r[4])
+            ctas.append({"cta": i, "rt": i % row_tiles, "grp": i // row_tiles, "sm": int(smid), "tiles": int(tiles),
+                         "start": r[0], "loop0": r[4], "loop1": r[5], "end": max(r[7], r[8]),
+                         "us_per_tile": ns / 1e3 / max(1, tiles), "ghz": (r[11] - r[10]) / ns})
+        t0 = min(c["start"] for c in ctas)
+        span = (max(c["end"] for c in ctas) - t0) / 1e3
+        per = [c["us_per_tile"] for c in ctas]
+        ghz = [c["ghz"] for c in ctas]
+        groups = {}
+        for c in ctas:
+            groups.setdefault(c["grp"], []).append(c)
+        skew = [(max(c["loop0"] for c in g) - min(c["loop0"] for c in g)) / 1e3 for g in groups.values() if len(g) > 1]
+        endskew = [(max(c["loop1"] for c in g) - min(c["loop1"] for c in g)) / 1e3 for g in groups.values() if len(g) > 1]
+        rec = {"call": rep, "ctas": len(ctas), "sms": len({c["sm"] for c in ctas}), "span_us": span,
+               "tile_us_median": statistics.median(per), "tile_us_p10": _pct(per, 0.1), "tile_us_p90": _pct(per, 0.9),
+               "ghz_median": statistics.median(ghz), "ghz_min": min(ghz),
+               "loop_start_skew_us_median": statistics.median(skew) if skew else 0.0,
+               "loop_start_skew_us_max": max(skew) if skew else 0.0,
+               "loop_end_skew_us_median": statistics.median(endskew) if endskew else 0.0,
+               "per_cta": [{k: (v - t0 if k in ("start", "loop0", "loop1", "end") else v) for k, v in c.items()}
+                           for c in ctas]}
+        out.append(rec)
+        print(f"call {rep:3d}: span {span:7.1f} us  tile {rec['tile_us_median']:.3f} us "
+              f"(p10 {rec['tile_us_p10']:.3f} p90 {rec['tile_us_p90']:.3f})  SM clock {rec['ghz_median']:.3f} GHz "
+              f"(min {rec['ghz_min']:.3f})  row-tile skew start {rec['loop_start_skew_us_median']:.2f}/"
+              f"{rec['loop_start_skew_us_max']:.2f} us end {rec['loop_end_skew_us_median']:.2f} us  "
+              f"{rec['ctas']} CTAs on {rec['sms']} SMs")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"shape": list(shape), "calls": out}, f)
     return 0
 
 

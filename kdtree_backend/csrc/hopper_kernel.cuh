@@ -370,7 +370,9 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
 // %globaltimer at the CTA's milestones into g_timeline (read by kdtree_timeline_copy), to see
 // where a short kernel's fixed time goes. A printf here would serialise every wgmma (C7510).
 #ifdef KDTREE_TIMELINE
-constexpr int kTimelineSlots = 10;
+// Slots 0-8: %globaltimer at the milestones; 9: tiles | SM id << 32; 10, 11: clock64 at the tile
+// loop's start and end (with slots 4 and 5 they give the SM clock the loop ran at).
+constexpr int kTimelineSlots = 12;
 constexpr int kTimelineCtas = 8192;
 __device__ unsigned long long g_timeline[kTimelineCtas * kTimelineSlots];
 __device__ __forceinline__ unsigned long long timeline_now() {
@@ -413,6 +415,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #ifdef KDTREE_TIMELINE
   __shared__ unsigned long long tl_wg1[2];
   unsigned long long tl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  long long tl_clk[2] = {0, 0};
 #endif
   KDTREE_TL(0);
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
@@ -587,7 +590,12 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       const int t = t_begin + i;
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
-      if (i == 0) KDTREE_TL(4);
+      if (i == 0) {
+        KDTREE_TL(4);
+#ifdef KDTREE_TIMELINE
+        tl_clk[0] = clock64();
+#endif
+      }
       fence_proxy_async();
 
       // S = Q K^T over 36 k16 steps (4 per 64-column atom).
@@ -674,6 +682,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
     }
     KDTREE_TL(5);
+#ifdef KDTREE_TIMELINE
+    tl_clk[1] = clock64();
+#endif
     // Row statistics for the helper and for the split combine.
     float inv_l[2];
 #pragma unroll
@@ -723,7 +734,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       r[6] = tl[6];
       r[7] = tl[7];
       r[8] = tl_wg1[1];
-      r[9] = static_cast<unsigned long long>(num_tiles);
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      r[9] = static_cast<unsigned long long>(num_tiles) | (static_cast<unsigned long long>(smid) << 32);
+      r[10] = static_cast<unsigned long long>(tl_clk[0]);
+      r[11] = static_cast<unsigned long long>(tl_clk[1]);
     }
 #endif
   } else {

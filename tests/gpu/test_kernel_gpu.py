@@ -19,6 +19,7 @@ range covers must stay untouched (still NaN).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -244,6 +245,21 @@ def test_more_than_64_draft_tokens(ops, mask):
     _check_against_reference(batch, _run(ops, batch))
 
 
+@contextlib.contextmanager
+def _forced_splits(ops, monkeypatch, splits):
+    """Plans made inside have `splits` splits (KDTREE_NUM_SPLITS) of one 64-key tile or more
+    (the Hopper plan otherwise lets the device pick longer ones, h29). Plans are cached per shape,
+    so the cache is emptied on entry (this plan must see the forced count) and on exit (later
+    tests must not)."""
+    monkeypatch.setenv("KDTREE_NUM_SPLITS", str(splits))
+    monkeypatch.setenv("KDTREE_MIN_KEYS_PER_SPLIT", "64")
+    ops._plans.clear()
+    try:
+        yield
+    finally:
+        ops._plans.clear()
+
+
 @pytest.mark.parametrize("splits", [2, 16, 17, 33] if SMALL else [2, 8, 16, 17, 33, 66, 128])
 def test_split_combine_layouts(ops, monkeypatch, splits):
     """The split merge has two layouts, picked by the planned split count (combine_kernel.cuh:
@@ -251,10 +267,7 @@ def test_split_combine_layouts(ops, monkeypatch, splits):
     batch whose first request has a key tile for every split, one-tile splits (64 keys: the Hopper
     plan otherwise lets the device pick longer ones, h29) so every split is active, and compare
     with float64."""
-    monkeypatch.setenv("KDTREE_NUM_SPLITS", str(splits))
-    monkeypatch.setenv("KDTREE_MIN_KEYS_PER_SPLIT", "64")
-    ops._plans.clear()  # plans are cached per shape; this one must see the forced count
-    try:
+    with _forced_splits(ops, monkeypatch, splits):
         batch = make_verify_batch([splits * 64 + 37, 5, 0], num_heads=8, draft_lens=[16, 3, 9], mask="tree",
                                   mask_dtype=U8, qo_indptr_dtype=I64, seed=31 + splits, device=DEV,
                                   index_garbage=GARBAGE)
@@ -262,8 +275,6 @@ def test_split_combine_layouts(ops, monkeypatch, splits):
         plan = next(iter(ops._plans.values()))
         assert plan.c_plan.num_splits == splits
         _check_against_reference(batch, out, what=f"op with {splits} splits")
-    finally:
-        ops._plans.clear()
 
 
 @pytest.mark.parametrize("heads,out_rows", [(16, "aligned"), (3, "aligned"), (8, "8-byte")])
@@ -274,10 +285,7 @@ def test_two_split_merge(ops, monkeypatch, heads, out_rows):
     and by cp.async with padding rows (H = 3), and an `out` on 8-byte boundaries (the register
     store path). Compared with float64, and bitwise stable across calls. (h37 merged these in
     2-CTA clusters; the tests stay for whatever merges them.)"""
-    monkeypatch.setenv("KDTREE_NUM_SPLITS", "2")
-    monkeypatch.setenv("KDTREE_MIN_KEYS_PER_SPLIT", "64")
-    ops._plans.clear()
-    try:
+    with _forced_splits(ops, monkeypatch, 2):
         batch = make_verify_batch([3001, 0, 1, 700, 64], num_heads=heads, draft_lens=[16, 100, 1, 9, 64], mask="tree",
                                   mask_dtype=U8, qo_indptr_dtype=I64, seed=71 + heads, device=DEV,
                                   index_garbage=GARBAGE)
@@ -293,8 +301,6 @@ def test_two_split_merge(ops, monkeypatch, heads, out_rows):
         torch.cuda.synchronize()
         cov = batch.covered_rows()
         assert torch.equal(res[cov], again[cov]), f"two calls on the same inputs differ: {batch.describe()}"
-    finally:
-        ops._plans.clear()
 
 
 def test_planned_two_splits_at_b32_h8_n16(ops):
