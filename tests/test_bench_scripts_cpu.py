@@ -89,3 +89,15 @@ def test_device_probe_compiles_for_sm90a(tmp_path, probe):
     assert out.exists()
     assert "warning" not in r.stderr.lower(), r.stderr[-3000:]
     assert "spill stores" in r.stderr and " 0 bytes spill stores" in r.stderr, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("call_series.py", "--gap-ms")])
+def test_diagnostic_scripts_get_through_their_imports(script, option):
+    """bench/timeline.py and bench/call_series.py import the op and the smoke batch builder at
+    start-up; their --help must come up on a machine without a GPU and name their options."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
+                       timeout=300, env=clean_env(), cwd=ROOT)
+    assert r.returncode == 0 and option in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
