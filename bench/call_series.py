@@ -37,10 +37,10 @@ def main() -> int:
     for _ in range(5):
         verify_attention(**a)
     torch.cuda.synchronize()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(args.calls + 1)]
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2 if args.gap_ms > 0 else args.calls + 1)]
     times = []
     if args.gap_ms > 0:
-        for i in range(args.calls):
+        for _ in range(args.calls):
             ev[0].record()
             verify_attention(**a)
             ev[1].record()

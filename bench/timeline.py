@@ -59,11 +59,10 @@ def main() -> int:
     torch.cuda.synchronize()
     verify_attention(**a)
     torch.cuda.synchronize()
-    lib = ctypes.CDLL(os.environ["KDTREE_LIB"])
-    buf = (ctypes.c_ulonglong * (CTAS * SLOTS))()
-    rc = lib.kdtree_timeline_copy(buf, ctypes.sizeof(buf))
-    if rc != 0:
-        print(f"kdtree_timeline_copy failed: {rc}")
+    try:
+        buf = _copy_stamps(ctypes.CDLL(os.environ["KDTREE_LIB"]))
+    except RuntimeError as e:
+        print(e)
         return 1
     rows = [buf[i * SLOTS:(i + 1) * SLOTS] for i in range(CTAS) if buf[i * SLOTS + 9] > 0]
     for r in rows:
@@ -134,8 +133,11 @@ def replays(a, shape, count, json_path, warm=0) -> int:
         groups = {}
         for c in ctas:
             groups.setdefault(c["grp"], []).append(c)
-        skew = [(max(c["loop0"] for c in g) - min(c["loop0"] for c in g)) / 1e3 for g in groups.values() if len(g) > 1]
-        endskew = [(max(c["loop1"] for c in g) - min(c["loop1"] for c in g)) / 1e3 for g in groups.values() if len(g) > 1]
+
+        def spread_us(stamp):  # per (request, split) group of row tiles: how far apart they reached `stamp`
+            return [(max(c[stamp] for c in g) - min(c[stamp] for c in g)) / 1e3 for g in groups.values() if len(g) > 1]
+
+        skew, endskew = spread_us("loop0"), spread_us("loop1")
         rec = {"call": rep, "ctas": len(ctas), "sms": len({c["sm"] for c in ctas}), "span_us": span,
                "tile_us_median": statistics.median(per), "tile_us_p10": _pct(per, 0.1), "tile_us_p90": _pct(per, 0.9),
                "ghz_median": statistics.median(ghz), "ghz_min": min(ghz),
