@@ -393,6 +393,7 @@ def make_verify_batch(
     extra_rows: int = 0,
     k_3d: bool = True,
     cache_3d: bool = True,
+    slot_layout: str = "scattered",
     q_std: float = 1.0,
     k_std: float = 1.0,
     seed: int = 0,
@@ -409,8 +410,12 @@ def make_verify_batch(
     ``prefix_mask_fill`` (``garbage``/``zeros``/``ones``) in the never-read prefix columns; uint8
     masks store random non-zero bytes (1..255) for "allowed". ``num_padded`` requests are appended
     like SGLang's CUDA-graph padding: prefix 1 at slot 0, n draft rows, stale garbage mask.
-    Prefix slots are unique random slots of a pool larger than needed (slot 0 is reserved for
-    padding, as in SGLang); ``kv_indices`` has ``extra_indices`` trailing garbage entries
+    Prefix slots are unique slots of a pool larger than needed (slot 0 is reserved for padding, as
+    in SGLang), laid out by ``slot_layout``: ``"scattered"`` (a random permutation: a fragmented
+    page-size-1 pool), ``"runs"`` (the pool cut into consecutive runs of 1-300 slots, the runs
+    shuffled: contiguous stretches at every alignment, some ending at the pool's last slot) or
+    ``"contiguous"`` (each request's prefix in consecutive slots, requests in a random order:
+    SGLang's --page-size 64 or a fresh pool); ``kv_indices`` has ``extra_indices`` trailing garbage entries
     (``index_garbage="valid"``: random in-pool slots, ``"wild"``: huge values that fault if read);
     the mask has ``extra_mask_bytes`` trailing garbage bytes; q/k get ``extra_rows`` trailing
     rows that no request covers. Random N(0, std) inputs (never zeros). Deterministic for a seed
@@ -458,8 +463,28 @@ def make_verify_batch(
         # SGLang writes the padded requests' draft K into the dummy slot 0 before the kernel.
         cache3[0] = k3[T_cov - 1]
 
-    # --- prefix slots: unique, scattered, never slot 0 for real requests ---
-    perm = torch.randperm(N - 1, generator=gen, device=device)[:total_prefix] + 1
+    # --- prefix slots: unique, never slot 0 for real requests ---
+    if slot_layout == "scattered":
+        perm = torch.randperm(N - 1, generator=gen, device=device)[:total_prefix] + 1
+    elif slot_layout == "runs":  # the pool [1, N) cut into runs of 1-300 slots, the runs shuffled
+        cuts, at = [], 1
+        while at < N:
+            step = min(N - at, rng.randint(1, 300))
+            cuts.append(torch.arange(at, at + step, dtype=torch.long))
+            at += step
+        rng.shuffle(cuts)
+        perm = torch.cat(cuts)[:total_prefix].to(device)
+    elif slot_layout == "contiguous":  # each request's prefix in one run; runs in a random pool order
+        order = list(range(n_real))
+        rng.shuffle(order)
+        start, at = [0] * n_real, 1
+        for b_ in order:
+            start[b_] = at
+            at += prefix_real[b_]
+        perm = torch.cat([torch.arange(start[b_], start[b_] + prefix_real[b_], dtype=torch.long) for b_ in range(n_real)]
+                         + [torch.zeros(0, dtype=torch.long)]).to(device)
+    else:
+        raise ValueError(f"slot_layout must be 'scattered', 'runs' or 'contiguous', got {slot_layout!r}")
     pieces, off = [], 0
     for p, pad in zip(prefix, padded):
         if pad:

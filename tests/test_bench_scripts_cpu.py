@@ -40,7 +40,8 @@ def test_sanitize_path_runs_racecheck_and_memcheck_on_the_path(tmp_path):
     """bench/gpu_sanitize.sh (shared by gpu_ab.sh and gpu_release.sh), with a stand-in for
     compute-sanitizer that records its arguments and the kernel path: both tools run, on the path
     asked for, memcheck on the sanitizer-sized tests of that path only, and the summaries and exit
-    codes reach stdout."""
+    codes reach stdout. racecheck also runs the sanitizer-sized consecutive-slot tests of the path
+    (the tiles the Hopper path loads by TMA, h41), which the smoke cases' scattered slots never reach."""
     import os
     import subprocess
 
@@ -61,12 +62,16 @@ def test_sanitize_path_runs_racecheck_and_memcheck_on_the_path(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = calls.read_text().splitlines()
-    assert len(lines) == 2, lines
+    assert len(lines) == 3, lines
     assert lines[0].startswith("hopper small=0 --tool racecheck") and "bench/smoke.py --small --no-triton" in lines[0]
-    assert lines[1].startswith("hopper small=1 --tool memcheck") and lines[1].endswith("tests/gpu/test_kernel_gpu.py -k hopper")
+    assert lines[1].startswith("hopper small=1 --tool racecheck") and lines[1].endswith(
+        "tests/gpu/test_kernel_gpu.py -k consecutive_slots and hopper")
+    assert lines[2].startswith("hopper small=1 --tool memcheck") and lines[2].endswith("tests/gpu/test_kernel_gpu.py -k hopper")
     assert "racecheck (hopper) rc=0" in r.stdout and "RACECHECK SUMMARY: 0 hazards" in r.stdout
+    assert "racecheck, consecutive slots (hopper) rc=0" in r.stdout
     assert "memcheck (hopper) rc=3" in r.stdout and "ERROR SUMMARY: 0 errors" in r.stdout
     assert (out / "racecheck-hopper.log").exists() and (out / "memcheck-hopper.log").exists()
+    assert (out / "racecheck-slots-hopper.log").exists()
 
 
 @pytest.mark.parametrize("probe", ["gather_probe", "cluster_probe"])

@@ -408,6 +408,36 @@ def test_bench_contiguous_slots_keep_the_batch_valid():
     assert not torch.equal(ref_contig, ref_random)  # other cache rows now: the reference followed
 
 
+@pytest.mark.parametrize("layout", ["scattered", "runs", "contiguous"])
+def test_batch_slot_layouts(layout):
+    """make_verify_batch's slot layouts (the GPU tests of tiles loaded by TMA, h41, rely on them):
+    unique slots, never slot 0 for a real request, inside the pool; "contiguous" gives every request
+    one run, "runs" a mix of whole consecutive 64-key tiles and broken ones, "scattered" (the default,
+    unchanged stream of random numbers) practically none."""
+    b = make_verify_batch([700, 130, 64, 0], num_heads=4, draft_lens=3, slot_layout=layout, seed=5)
+    if layout == "scattered":
+        assert torch.equal(b.kv_indices, make_verify_batch([700, 130, 64, 0], num_heads=4, draft_lens=3, seed=5).kv_indices)
+    ip = b.kv_indptr.tolist()
+    live = b.kv_indices[: ip[-1]]
+    N = b.kv_cache.shape[0]
+    assert len(set(live.tolist())) == ip[-1] and int(live.min()) >= 1 and int(live.max()) < N
+    whole = broken = 0
+    for r in range(len(ip) - 1):
+        seg = b.kv_indices[ip[r]:ip[r + 1]]
+        if layout == "contiguous" and len(seg):
+            assert torch.equal(seg, torch.arange(int(seg[0]), int(seg[0]) + len(seg)))
+        for t in range(len(seg) // 64):
+            tile = seg[t * 64:(t + 1) * 64]
+            if torch.equal(tile - tile[0], torch.arange(64)):
+                whole += 1
+            else:
+                broken += 1
+    assert {"scattered": whole == 0, "runs": whole > 0 and broken > 0, "contiguous": broken == 0}[layout], (whole, broken)
+    assert bool(torch.isfinite(b.reference()).all())
+    with pytest.raises(ValueError, match="slot_layout"):
+        make_verify_batch([5], num_heads=1, draft_lens=1, slot_layout="paged")
+
+
 def test_bench_roofline_arithmetic():
     bv = _load_bench("bench_verify")
     s = bv.Shape(B=8, H=16, n=64, L=8192)

@@ -69,6 +69,7 @@ constexpr bool kCombineAsDependent = true;
 // Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
 constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
+constexpr int kBarKTma = 3;   // WG1 only: do all 64 rows of the tile it is about to issue sit in consecutive slots?
 constexpr int kBarFinal = 4;
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
 
@@ -78,6 +79,17 @@ constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output ro
 constexpr bool kWg1SkipRescale = false;
 #else
 constexpr bool kWg1SkipRescale = true;
+#endif
+
+// h41: a prefix tile whose 64 keys sit in 64 consecutive cache slots (every tile of a request with
+// SGLang's --page-size 64, and runs of an unfragmented page-size-1 pool) is loaded by the tensor copy
+// engine: nine 64 x 64 boxes of the cache's tensor map, issued by one thread, instead of WG1's 36
+// cp.async a thread. Other tiles are gathered as before. A/B: -DKDTREE_NO_K_TMA (the gather for
+// every tile; the launcher then encodes no K map).
+#ifdef KDTREE_NO_K_TMA
+constexpr bool kKTma = false;
+#else
+constexpr bool kKTma = true;
 #endif
 
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
@@ -150,6 +162,22 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// true in every thread of the 128 that meet at named barrier `id` iff `pred` holds in all of them.
+__device__ __forceinline__ bool warpgroup_all(bool pred, int id) {
+  uint32_t r;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<uint32_t>(pred)), "r"(id)
+      : "memory");
+  return r != 0;
+}
 __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -398,7 +426,8 @@ __device__ __forceinline__ unsigned long long timeline_now() {
 // padding rows) Q comes through cp.async, which zero-fills the padding rows.
 template <bool kFold>
 __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
-    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
+    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma,
+                                   const __grid_constant__ CUtensorMap k_map, const int k_tma) {
   using Cfg = HopperConfig;
   const int row_tile = blockIdx.x;
   const int split = blockIdx.y;
@@ -419,6 +448,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #endif
   KDTREE_TL(0);
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
+  if (kKTma && k_tma && threadIdx.x == 128) prefetch_tensormap(&k_map);
   CtaWork cw;
   if (!cta_work<Cfg>(p, b, row_tile, split, cw)) return;
   KDTREE_TL(1);
@@ -498,7 +528,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const int gather_key0 = j >> 3;  // + 16u
   // Slot ids are fetched a tile ahead and range-checked only when the copy is issued, so the
   // index load's latency hides behind the next PV (checking at once stalled WG1: perf-notes h1).
-  auto fetch_slots = [&](int tile, int64_t (&slots)[4]) {
+  // h41: with a K map, slot_base is the tile's first slot when the whole tile is prefix keys (else -1):
+  // the same address for every thread (one broadcast load a warp, a tile ahead like the slots).
+  auto fetch_slots = [&](int tile, int64_t (&slots)[4], int64_t& slot_base) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       slots[u] = -1;
@@ -507,9 +539,29 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         if (key < req.prefix) slots[u] = __ldg(kv_indices + req.kv0 + key);
       }
     }
+    slot_base = -1;
+    if (kKTma && k_tma && tile < t_end && (tile + 1) * Cfg::kBN <= req.prefix) slot_base = __ldg(kv_indices + req.kv0 + tile * Cfg::kBN);
   };
-  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
+  auto issue_tile = [&](int tile, const int64_t (&slots)[4], int64_t slot_base) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
+    const uint32_t full = bar_full + 8 * ((tile - t_begin) & 1);
+    if (kKTma && k_tma && tile < w.prefix_tiles) {
+      // All of WG1 decides together (a named-barrier AND): the copy engine loads the tile only if
+      // every one of its 64 keys is at slot_base + key and the 64 rows are inside the cache.
+      bool mine = slot_base >= 0 && slot_base <= p.kv_num_slots - Cfg::kBN;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) mine = mine && slots[u] == slot_base + gather_key0 + 16 * u;
+      if (warpgroup_all(mine, kBarKTma)) {
+        if (j == 0) {  // arms the stage's barrier with the bytes; the other 127 arrivals are plain
+          mbar_arrive_expect_tx(full, Cfg::kBlockBytes);
+#pragma unroll
+          for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_2d(dst_base + a * Cfg::kAtomBytes, &k_map, full, a * 64, static_cast<int>(slot_base));
+        } else {
+          mbar_arrive(full);
+        }
+        return;
+      }
+    }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int key_local = gather_key0 + 16 * u;
@@ -527,15 +579,15 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #pragma unroll
       for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
     }
-    cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
+    cp_async_mbar_arrive(full);
   };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
   // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
   // (h21b): every CTA of a wave pulls Q and its first tiles at once, and a first burst of Q +
   // one tile lands ~1 µs sooner than Q + two (-DKDTREE_PROLOGUE_TWO_TILES: both at once, as before).
-  int64_t slots[4];
-  if (wg == 1) fetch_slots(t_begin, slots);
+  int64_t slots[4], slot_base = -1;
+  if (wg == 1) fetch_slots(t_begin, slots, slot_base);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
   if (!tma_q) load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
@@ -543,15 +595,15 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
-    issue_tile(t_begin, slots);
+    issue_tile(t_begin, slots, slot_base);
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
-    fetch_slots(t_begin + 1, slots);
+    fetch_slots(t_begin + 1, slots, slot_base);
 #else
     if (t_begin + 1 < t_end) {
-      fetch_slots(t_begin + 1, slots);
-      issue_tile(t_begin + 1, slots);
+      fetch_slots(t_begin + 1, slots, slot_base);
+      issue_tile(t_begin + 1, slots, slot_base);
     }
-    fetch_slots(t_begin + 2, slots);
+    fetch_slots(t_begin + 2, slots, slot_base);
 #endif
     KDTREE_TL(2);  // WG1: the prologue's tiles issued
   }
@@ -744,8 +796,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   } else {
     // =========================== helper warpgroup ===========================
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // tile 1, now that Q has landed
-    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots);
-    fetch_slots(t_begin + 2, slots);
+    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots, slot_base);
+    fetch_slots(t_begin + 2, slots, slot_base);
 #endif
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -770,8 +822,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
         // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
-        issue_tile(t_begin + i + 2, slots);
-        fetch_slots(t_begin + i + 3, slots);
+        issue_tile(t_begin + i + 2, slots, slot_base);
+        fetch_slots(t_begin + i + 3, slots, slot_base);
       }
     }
     named_barrier(kBarFinal, 256);

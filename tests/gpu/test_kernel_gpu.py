@@ -376,6 +376,50 @@ def test_strided_q_view(ops, H, n):
     assert torch.equal(out, contiguous), f"strided and contiguous q differ: {batch.describe()}"
 
 
+# (H, n, prefix_lens, slot_layout): prefix tiles whose 64 keys sit in consecutive cache slots, which the
+# Hopper path loads by TMA (h41); "runs" mixes them with gathered tiles and runs that end at the pool's
+# last slot, "contiguous" is every prefix tile of a request (SGLang's --page-size 64).
+SLOT_CASES = [
+    (8, 16, [4097, 130, 64], "contiguous"),
+    (16, 64, [1000, 3, 0], "runs"),
+    (128, 3, [2500, 64], "contiguous"),
+    (1, 33, [700, 129, 2000], "runs"),
+    (64, 16, [777], "runs"),
+]
+SMALL_SLOT_CASES = [(8, 5, [200, 64], "contiguous"), (16, 3, [300, 1, 130], "runs")]
+
+
+@pytest.mark.parametrize("case", SMALL_SLOT_CASES if SMALL else SLOT_CASES,
+                         ids=lambda c: f"H{c[0]}-n{c[1]}-P{'_'.join(map(str, c[2]))}-{c[3]}")
+@pytest.mark.parametrize("tight_pool", [False, True], ids=["pool", "tight-pool"])
+def test_consecutive_slots(ops, case, tight_pool):
+    """Keys in consecutive slots: against the float64 reference, and bit for bit against the same
+    keys gathered from scattered slots (cache rows permuted, kv_indices remapped), so a tile the copy
+    engine loads (Hopper path, h41) holds exactly the rows the gather would. tight_pool cuts the cache
+    after the last slot in use, so a tile can end on the cache's last row."""
+    H, n, P, layout = case
+    seed = 700 + (SMALL_SLOT_CASES if SMALL else SLOT_CASES).index(case)
+    batch = _batch_for((H, n, P, "tree", U8, I32, I32, 1.0, 1.0, 0, 0), seed, slot_layout=layout)
+    if tight_pool:
+        used = int(batch.kv_indices[: int(batch.kv_indptr[-1])].max()) + 1
+        live = batch.kv_indices[: int(batch.kv_indptr[-1])]
+        tail = batch.kv_indices[int(batch.kv_indptr[-1]):]
+        tail = torch.where(tail < batch.kv_cache.shape[0], tail.clamp(max=used - 1), tail)  # valid garbage stays valid
+        batch = dataclasses.replace(batch, kv_cache=batch.kv_cache[:used].clone(), kv_indices=torch.cat([live, tail]))
+    out = _run(ops, batch)
+    _check_against_reference(batch, out, what=f"op, {layout} slots")
+    N = batch.kv_cache.shape[0]
+    perm = torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(N - 1, generator=torch.Generator().manual_seed(seed)) + 1]).to(DEV)
+    cache = torch.empty_like(batch.kv_cache)
+    cache[perm] = batch.kv_cache
+    idx = batch.kv_indices
+    remapped = torch.where(idx < N, perm[idx.clamp(max=N - 1)], idx)  # "wild" trailing garbage stays wild
+    scattered = dataclasses.replace(batch, kv_cache=cache, kv_indices=remapped)
+    out_scattered = _run(ops, scattered)
+    torch.cuda.synchronize()
+    assert torch.equal(out, out_scattered), f"{layout} and scattered slots of the same keys differ: {batch.describe()}"
+
+
 def test_probe_reports_the_q_path(ops, kernel_path):
     """On a Hopper GPU the probe also checks that the driver encodes the Q tensor map (h23) and says so."""
     if kernel_path != "hopper":
