@@ -69,7 +69,6 @@ constexpr bool kCombineAsDependent = true;
 // Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
 constexpr int kBarPFull = 1;
 constexpr int kBarPFree = 2;
-constexpr int kBarKTma = 3;   // WG1 only: do all 64 rows of the tile it is about to issue sit in consecutive slots?
 constexpr int kBarFinal = 4;
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
 
@@ -167,16 +166,6 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
-}
-// true in every thread of the 128 that meet at named barrier `id` iff `pred` holds in all of them.
-__device__ __forceinline__ bool warpgroup_all(bool pred, int id) {
-  uint32_t r;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.and.pred q, %2, 128, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(r)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id)
-      : "memory");
-  return r != 0;
 }
 __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -528,9 +517,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const int gather_key0 = j >> 3;  // + 16u
   // Slot ids are fetched a tile ahead and range-checked only when the copy is issued, so the
   // index load's latency hides behind the next PV (checking at once stalled WG1: perf-notes h1).
-  // h41: with a K map, slot_base is the tile's first slot when the whole tile is prefix keys (else -1):
-  // the same address for every thread (one broadcast load a warp, a tile ahead like the slots).
-  auto fetch_slots = [&](int tile, int64_t (&slots)[4], int64_t& slot_base) {
+  // h41: with a K map, run[] holds the slots of keys `lane` and `lane + 32` of a tile wholly made of
+  // prefix keys (else -1), loaded a tile ahead like the gather's own slot ids. Every warp of WG1
+  // reads the same 64 slots, so every warp reaches the same decision with a warp vote alone: a
+  // named-barrier AND across the warpgroup (bar.red) made the gathered tiles ~25% slower (h41).
+  auto fetch_slots = [&](int tile, int64_t (&slots)[4], int64_t (&run)[2]) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       slots[u] = -1;
@@ -539,23 +530,25 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         if (key < req.prefix) slots[u] = __ldg(kv_indices + req.kv0 + key);
       }
     }
-    slot_base = -1;
-    if (kKTma && k_tma && tile < t_end && (tile + 1) * Cfg::kBN <= req.prefix) slot_base = __ldg(kv_indices + req.kv0 + tile * Cfg::kBN);
+    run[0] = run[1] = -1;
+    if (kKTma && k_tma && tile < t_end && (tile + 1) * Cfg::kBN <= req.prefix) {
+      run[0] = __ldg(kv_indices + req.kv0 + tile * Cfg::kBN + lane);
+      run[1] = __ldg(kv_indices + req.kv0 + tile * Cfg::kBN + lane + 32);
+    }
   };
-  auto issue_tile = [&](int tile, const int64_t (&slots)[4], int64_t slot_base) {
+  auto issue_tile = [&](int tile, const int64_t (&slots)[4], const int64_t (&run)[2]) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
     const uint32_t full = bar_full + 8 * ((tile - t_begin) & 1);
     if (kKTma && k_tma && tile < w.prefix_tiles) {
-      // All of WG1 decides together (a named-barrier AND): the copy engine loads the tile only if
-      // every one of its 64 keys is at slot_base + key and the 64 rows are inside the cache.
-      bool mine = slot_base >= 0 && slot_base <= p.kv_num_slots - Cfg::kBN;
-#pragma unroll
-      for (int u = 0; u < 4; ++u) mine = mine && slots[u] == slot_base + gather_key0 + 16 * u;
-      if (warpgroup_all(mine, kBarKTma)) {
+      // The copy engine loads the tile only if its 64 keys are at slots first .. first + 63, all
+      // inside the cache (run[] is -1 for a tile with draft or missing keys).
+      const int64_t first = __shfl_sync(0xffffffffu, run[0], 0);
+      const bool mine = first >= 0 && first <= p.kv_num_slots - Cfg::kBN && run[0] == first + lane && run[1] == first + lane + 32;
+      if (__all_sync(0xffffffffu, mine)) {
         if (j == 0) {  // arms the stage's barrier with the bytes; the other 127 arrivals are plain
           mbar_arrive_expect_tx(full, Cfg::kBlockBytes);
 #pragma unroll
-          for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_2d(dst_base + a * Cfg::kAtomBytes, &k_map, full, a * 64, static_cast<int>(slot_base));
+          for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_2d(dst_base + a * Cfg::kAtomBytes, &k_map, full, a * 64, static_cast<int>(first));
         } else {
           mbar_arrive(full);
         }
@@ -586,8 +579,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
   // (h21b): every CTA of a wave pulls Q and its first tiles at once, and a first burst of Q +
   // one tile lands ~1 µs sooner than Q + two (-DKDTREE_PROLOGUE_TWO_TILES: both at once, as before).
-  int64_t slots[4], slot_base = -1;
-  if (wg == 1) fetch_slots(t_begin, slots, slot_base);
+  int64_t slots[4], run[2] = {-1, -1};
+  if (wg == 1) fetch_slots(t_begin, slots, run);
   __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
   if (!tma_q) load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
@@ -595,15 +588,15 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
-    issue_tile(t_begin, slots, slot_base);
+    issue_tile(t_begin, slots, run);
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
-    fetch_slots(t_begin + 1, slots, slot_base);
+    fetch_slots(t_begin + 1, slots, run);
 #else
     if (t_begin + 1 < t_end) {
-      fetch_slots(t_begin + 1, slots, slot_base);
-      issue_tile(t_begin + 1, slots, slot_base);
+      fetch_slots(t_begin + 1, slots, run);
+      issue_tile(t_begin + 1, slots, run);
     }
-    fetch_slots(t_begin + 2, slots, slot_base);
+    fetch_slots(t_begin + 2, slots, run);
 #endif
     KDTREE_TL(2);  // WG1: the prologue's tiles issued
   }
@@ -796,8 +789,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   } else {
     // =========================== helper warpgroup ===========================
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // tile 1, now that Q has landed
-    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots, slot_base);
-    fetch_slots(t_begin + 2, slots, slot_base);
+    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots, run);
+    fetch_slots(t_begin + 2, slots, run);
 #endif
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
@@ -822,8 +815,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
         // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
-        issue_tile(t_begin + i + 2, slots, slot_base);
-        fetch_slots(t_begin + i + 3, slots, slot_base);
+        issue_tile(t_begin + i + 2, slots, run);
+        fetch_slots(t_begin + i + 3, slots, run);
       }
     }
     named_barrier(kBarFinal, 256);
