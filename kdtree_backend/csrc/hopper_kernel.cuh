@@ -52,7 +52,8 @@ struct HopperConfig {
   static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
   static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
-  static constexpr int kSmemBytes = kQBarOff + 8;
+  static constexpr int kKFirstOff = kQBarOff + 8;  // int[2][4]: per tile parity, each WG1 warp's consecutive-slot vote (h41)
+  static constexpr int kSmemBytes = kKFirstOff + 2 * 4 * 4;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
@@ -85,7 +86,7 @@ constexpr bool kWg1SkipRescale = true;
 // engine: nine 64 x 64 boxes of the cache's tensor map, issued by one thread, instead of WG1's 36
 // cp.async a thread. Other tiles are gathered as before. A/B: -DKDTREE_NO_K_TMA (the gather for
 // every tile; the launcher then encodes no K map).
-#ifdef KDTREE_NO_K_TMA
+#if defined(KDTREE_NO_K_TMA) || defined(KDTREE_PROLOGUE_TWO_TILES)  // the latter issues tile 1 without the vote's barrier
 constexpr bool kKTma = false;
 #else
 constexpr bool kKTma = true;
@@ -517,11 +518,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const int gather_key0 = j >> 3;  // + 16u
   // Slot ids are fetched a tile ahead and range-checked only when the copy is issued, so the
   // index load's latency hides behind the next PV (checking at once stalled WG1: perf-notes h1).
-  // h41: with a K map, run[] holds the slots of keys `lane` and `lane + 32` of a tile wholly made of
-  // prefix keys (else -1), loaded a tile ahead like the gather's own slot ids. Every warp of WG1
-  // reads the same 64 slots, so every warp reaches the same decision with a warp vote alone: a
-  // named-barrier AND across the warpgroup (bar.red) made the gathered tiles ~25% slower (h41).
-  auto fetch_slots = [&](int tile, int64_t (&slots)[4], int64_t (&run)[2]) {
+  auto fetch_slots = [&](int tile, int64_t (&slots)[4]) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       slots[u] = -1;
@@ -530,25 +527,33 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         if (key < req.prefix) slots[u] = __ldg(kv_indices + req.kv0 + key);
       }
     }
-    run[0] = run[1] = -1;
-    if (kKTma && k_tma && tile < t_end && (tile + 1) * Cfg::kBN <= req.prefix) {
-      run[0] = __ldg(kv_indices + req.kv0 + tile * Cfg::kBN + lane);
-      run[1] = __ldg(kv_indices + req.kv0 + tile * Cfg::kBN + lane + 32);
-    }
   };
-  auto issue_tile = [&](int tile, const int64_t (&slots)[4], const int64_t (&run)[2]) {
+  // h41: does the tile sit in 64 consecutive slots, first .. first + 63, all inside the cache? Each
+  // warp of WG1 votes on its 16 keys from the slot ids it already holds (keys beyond the prefix hold
+  // -1, so a tile with draft or missing keys never passes) and its lane 0 writes its `first` (-1:
+  // no) for the tile's parity; issue_tile reads the four after a barrier all of WG1 has passed
+  // since (no barrier of its own: a warpgroup bar.red there made every gathered tile ~25% slower,
+  // and loading 64 more slot ids per warp instead cost 2.5%; perf-notes h41, h41b).
+  int* s_kfirst = reinterpret_cast<int*>(g_hopper_smem + Cfg::kKFirstOff);
+  auto vote_tile = [&](int tile, const int64_t (&slots)[4]) {
+    if (!(kKTma && k_tma)) return;
+    const int64_t first = slots[0] - gather_key0;
+    bool ok = first >= 0 && first <= p.kv_num_slots - Cfg::kBN;
+#pragma unroll
+    for (int u = 1; u < 4; ++u) ok = ok && slots[u] == first + 16 * u;
+    ok = __all_sync(0xffffffffu, ok && first == __shfl_sync(0xffffffffu, first, 0));
+    if (lane == 0) s_kfirst[(tile & 1) * 4 + warp_in_wg] = ok ? static_cast<int>(first) : -1;
+  };
+  auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
     const uint32_t full = bar_full + 8 * ((tile - t_begin) & 1);
     if (kKTma && k_tma && tile < w.prefix_tiles) {
-      // The copy engine loads the tile only if its 64 keys are at slots first .. first + 63, all
-      // inside the cache (run[] is -1 for a tile with draft or missing keys).
-      const int64_t first = __shfl_sync(0xffffffffu, run[0], 0);
-      const bool mine = first >= 0 && first <= p.kv_num_slots - Cfg::kBN && run[0] == first + lane && run[1] == first + lane + 32;
-      if (__all_sync(0xffffffffu, mine)) {
+      const int4 f = *reinterpret_cast<const int4*>(s_kfirst + (tile & 1) * 4);  // written before a barrier since
+      if (f.x >= 0 && f.x == f.y && f.x == f.z && f.x == f.w) {
         if (j == 0) {  // arms the stage's barrier with the bytes; the other 127 arrivals are plain
           mbar_arrive_expect_tx(full, Cfg::kBlockBytes);
 #pragma unroll
-          for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_2d(dst_base + a * Cfg::kAtomBytes, &k_map, full, a * 64, static_cast<int>(first));
+          for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_2d(dst_base + a * Cfg::kAtomBytes, &k_map, full, a * 64, f.x);
         } else {
           mbar_arrive(full);
         }
@@ -579,24 +584,32 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
   // (h21b): every CTA of a wave pulls Q and its first tiles at once, and a first burst of Q +
   // one tile lands ~1 µs sooner than Q + two (-DKDTREE_PROLOGUE_TWO_TILES: both at once, as before).
-  int64_t slots[4], run[2] = {-1, -1};
-  if (wg == 1) fetch_slots(t_begin, slots, run);
-  __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
+  // slots: the ids of the next tile to issue; ahead: the tile after it (fetched two tiles ahead, so
+  // the consecutive-slot vote at the top of an iteration finds them landed).
+  int64_t slots[4], ahead[4];
+  (void)ahead;  // unused with -DKDTREE_PROLOGUE_TWO_TILES (A/B only)
+  if (wg == 1) {
+    fetch_slots(t_begin, slots);
+    vote_tile(t_begin, slots);
+  }
+  __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them; tile 0's votes
   if (!tma_q) load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
   uint32_t first_bits[2] = {0u, 0u};
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
-    issue_tile(t_begin, slots, run);
+    issue_tile(t_begin, slots);
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
-    fetch_slots(t_begin + 1, slots, run);
+    fetch_slots(t_begin + 1, slots);
+    fetch_slots(t_begin + 2, ahead);
+    vote_tile(t_begin + 1, slots);  // read after the "Q visible" barrier below
 #else
     if (t_begin + 1 < t_end) {
-      fetch_slots(t_begin + 1, slots, run);
-      issue_tile(t_begin + 1, slots, run);
+      fetch_slots(t_begin + 1, slots);
+      issue_tile(t_begin + 1, slots);
     }
-    fetch_slots(t_begin + 2, slots, run);
+    fetch_slots(t_begin + 2, slots);
 #endif
     KDTREE_TL(2);  // WG1: the prologue's tiles issued
   }
@@ -789,14 +802,17 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   } else {
     // =========================== helper warpgroup ===========================
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // tile 1, now that Q has landed
-    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots, run);
-    fetch_slots(t_begin + 2, slots, run);
+    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) slots[u] = ahead[u];  // tile 2
+    fetch_slots(t_begin + 3, ahead);
 #endif
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int i = 0; i < num_tiles; ++i) {
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
+      if (i + 2 < num_tiles) vote_tile(t_begin + i + 2, slots);  // read by issue_tile below, after "P full"
       named_barrier(kBarPFull, 256);
       fence_proxy_async();
       const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
@@ -815,8 +831,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
         // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
-        issue_tile(t_begin + i + 2, slots, run);
-        fetch_slots(t_begin + i + 3, slots, run);
+        issue_tile(t_begin + i + 2, slots);
+#ifndef KDTREE_PROLOGUE_TWO_TILES
+#pragma unroll
+        for (int u = 0; u < 4; ++u) slots[u] = ahead[u];  // tile t+3
+        fetch_slots(t_begin + i + 4, ahead);
+#else
+        fetch_slots(t_begin + i + 3, slots);
+#endif
       }
     }
     named_barrier(kBarFinal, 256);
