@@ -52,10 +52,11 @@ struct HopperConfig {
   static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
   static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
-  static constexpr int kKFirstOff = kQBarOff + 8;  // int[2][4]: per tile parity, each WG1 warp's consecutive-slot vote (h41)
+  static constexpr int kKFirstOff = (kQBarOff + 8 + 15) / 16 * 16;  // int[2][4] (read as int4): per tile parity, each WG1 warp's consecutive-slot vote (h41)
   static constexpr int kSmemBytes = kKFirstOff + 2 * 4 * 4;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
+static_assert(HopperConfig::kKFirstOff % 16 == 0, "the four consecutive-slot votes are read as one int4");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
               "128-byte swizzle atoms must start on 1024-byte boundaries");
 
