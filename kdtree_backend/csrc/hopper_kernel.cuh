@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     const int64_t first = slots[0] - gather_key0;
     bool ok = first >= 0 && first <= p.kv_num_slots - Cfg::kBN;
 #pragma unroll
-    for (int u = 1; u < 4; ++u) ok = ok && slots[u] == first + 16 * u;
+    for (int u = 1; u < 4; ++u) ok = ok && slots[u] == first + gather_key0 + 16 * u;
     ok = __all_sync(0xffffffffu, ok && first == __shfl_sync(0xffffffffu, first, 0));
     if (lane == 0) s_kfirst[(tile & 1) * 4 + warp_in_wg] = ok ? static_cast<int>(first) : -1;
   };
