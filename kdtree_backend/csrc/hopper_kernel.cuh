@@ -133,12 +133,22 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
+#ifdef KDTREE_DEBUG_HANG  // diagnostics only: a wait that never ends reports itself and traps
+  long long spins = 0;
+#endif
   while (!done) {
     asm volatile(
         "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(bar), "r"(parity)
         : "memory");
+#ifdef KDTREE_DEBUG_HANG
+    if (!done && ++spins == (1ll << 22)) {
+      printf("kdtree hang: block (%d,%d,%d) tid %d barrier 0x%x parity %u\n", blockIdx.x, blockIdx.y, blockIdx.z,
+             threadIdx.x, bar, parity);
+      __trap();
+    }
+#endif
   }
 }
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
@@ -550,6 +560,11 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     const uint32_t full = bar_full + 8 * ((tile - t_begin) & 1);
     if (kKTma && k_tma && tile < w.prefix_tiles) {
       const int4 f = *reinterpret_cast<const int4*>(s_kfirst + (tile & 1) * 4);  // written before a barrier since
+#ifdef KDTREE_DEBUG_HANG
+      if ((threadIdx.x & 31) == 0)
+        printf("kdtree tile: block (%d,%d,%d) warp %d tile %d t_begin %d votes %d %d %d %d\n", blockIdx.x, blockIdx.y,
+               blockIdx.z, threadIdx.x >> 5, tile, t_begin, f.x, f.y, f.z, f.w);
+#endif
       if (f.x >= 0 && f.x == f.y && f.x == f.z && f.x == f.w) {
         if (j == 0) {  // arms the stage's barrier with the bytes; the other 127 arrivals are plain
           mbar_arrive_expect_tx(full, Cfg::kBlockBytes);
