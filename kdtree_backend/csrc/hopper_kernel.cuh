@@ -134,7 +134,7 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
 #ifdef KDTREE_DEBUG_HANG  // diagnostics only: a wait that never ends reports itself and traps
-  long long spins = 0;
+  const long long t0 = clock64();
 #endif
   while (!done) {
     asm volatile(
@@ -143,7 +143,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
 #ifdef KDTREE_DEBUG_HANG
-    if (!done && ++spins == (1ll << 22)) {
+    if (!done && clock64() - t0 > 4000000000ll) {
       printf("kdtree hang: block (%d,%d,%d) tid %d barrier 0x%x parity %u\n", blockIdx.x, blockIdx.y, blockIdx.z,
              threadIdx.x, bar, parity);
       __trap();
