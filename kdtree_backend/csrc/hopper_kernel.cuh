@@ -554,6 +554,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     for (int u = 1; u < 4; ++u) ok = ok && slots[u] == first + gather_key0 + 16 * u;
     ok = __all_sync(0xffffffffu, ok && first == __shfl_sync(0xffffffffu, first, 0));
     if (lane == 0) s_kfirst[(tile & 1) * 4 + warp_in_wg] = ok ? static_cast<int>(first) : -1;
+    __syncwarp();  // the warp meets the named barrier that follows converged (bar.sync is .aligned)
   };
   auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
@@ -573,6 +574,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         } else {
           mbar_arrive(full);
         }
+        __syncwarp();  // lane 0 of the first warp rejoins after issuing the boxes (bar.sync is .aligned)
         return;
       }
     }
