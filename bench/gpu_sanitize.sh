@@ -1,8 +1,9 @@
 # Sourced by the device scripts (gpu_ab.sh, gpu_release.sh): compute-sanitizer on one kernel path.
 # racecheck runs the smoke cases (bench/smoke.py --small, scattered slots) and the sanitizer-sized
-# consecutive-slot kernel tests (the tiles the Hopper path loads by TMA, h41), memcheck all the
-# sanitizer-sized kernel tests (KDTREE_TEST_SMALL=1) of that path; logs go to $OUT/{racecheck,memcheck}-<path>.log and the
-# summary lines to stdout. Kept in one place so every device script checks the same way.
+# consecutive-slot kernel tests (runs of cache slots: the layout a TMA-loaded tile needs, perf-notes
+# h41), memcheck all the sanitizer-sized kernel tests (KDTREE_TEST_SMALL=1) of that path; logs go to
+# $OUT/{racecheck,racecheck-slots,memcheck}-<path>.log and the summary lines to stdout. Kept in one
+# place so every device script checks the same way.
 #   sanitize_path hopper|portable [racecheck timeout s] [memcheck timeout s]
 sanitize_path() {
   local pth=$1 race_s=${2:-60} mem_s=${3:-90}

@@ -41,7 +41,7 @@ def test_sanitize_path_runs_racecheck_and_memcheck_on_the_path(tmp_path):
     compute-sanitizer that records its arguments and the kernel path: both tools run, on the path
     asked for, memcheck on the sanitizer-sized tests of that path only, and the summaries and exit
     codes reach stdout. racecheck also runs the sanitizer-sized consecutive-slot tests of the path
-    (the tiles the Hopper path loads by TMA, h41), which the smoke cases' scattered slots never reach."""
+    (runs of cache slots, which the smoke cases' scattered slots never have; perf-notes h41)."""
     import os
     import subprocess
 

@@ -410,7 +410,7 @@ def test_bench_contiguous_slots_keep_the_batch_valid():
 
 @pytest.mark.parametrize("layout", ["scattered", "runs", "contiguous"])
 def test_batch_slot_layouts(layout):
-    """make_verify_batch's slot layouts (the GPU tests of tiles loaded by TMA, h41, rely on them):
+    """make_verify_batch's slot layouts (the consecutive-slot GPU tests rely on them, perf-notes h41):
     unique slots, never slot 0 for a real request, inside the pool; "contiguous" gives every request
     one run, "runs" a mix of whole consecutive 64-key tiles and broken ones, "scattered" (the default,
     unchanged stream of random numbers) practically none."""
