@@ -52,11 +52,9 @@ struct HopperConfig {
   static constexpr int kBarOff = kLseOff + 64 * 4;      // uint64[2]: K stage full mbarriers
   static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
-  static constexpr int kKFirstOff = (kQBarOff + 8 + 15) / 16 * 16;  // int[2][4] (read as int4): per tile parity, each WG1 warp's consecutive-slot vote (h41)
-  static constexpr int kSmemBytes = kKFirstOff + 2 * 4 * 4;
+  static constexpr int kSmemBytes = kQBarOff + 8;
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
-static_assert(HopperConfig::kKFirstOff % 16 == 0, "the four consecutive-slot votes are read as one int4");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
               "128-byte swizzle atoms must start on 1024-byte boundaries");
 
@@ -80,17 +78,6 @@ constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output ro
 constexpr bool kWg1SkipRescale = false;
 #else
 constexpr bool kWg1SkipRescale = true;
-#endif
-
-// h41: a prefix tile whose 64 keys sit in 64 consecutive cache slots (every tile of a request with
-// SGLang's --page-size 64, and runs of an unfragmented page-size-1 pool) is loaded by the tensor copy
-// engine: nine 64 x 64 boxes of the cache's tensor map, issued by one thread, instead of WG1's 36
-// cp.async a thread. Other tiles are gathered as before. A/B: -DKDTREE_NO_K_TMA (the gather for
-// every tile; the launcher then encodes no K map).
-#if defined(KDTREE_NO_K_TMA) || defined(KDTREE_PROLOGUE_TWO_TILES)  // the latter issues tile 1 without the vote's barrier
-constexpr bool kKTma = false;
-#else
-constexpr bool kKTma = true;
 #endif
 
 extern __shared__ __align__(1024) uint8_t g_hopper_smem[];
@@ -163,12 +150,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
 __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -417,8 +398,7 @@ __device__ __forceinline__ unsigned long long timeline_now() {
 // padding rows) Q comes through cp.async, which zero-fills the padding rows.
 template <bool kFold>
 __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
-    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma,
-                                   const __grid_constant__ CUtensorMap k_map, const int k_tma) {
+    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
   using Cfg = HopperConfig;
   const int row_tile = blockIdx.x;
   const int split = blockIdx.y;
@@ -439,7 +419,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #endif
   KDTREE_TL(0);
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
-  if (kKTma && k_tma && threadIdx.x == 128) prefetch_tensormap(&k_map);
   CtaWork cw;
   if (!cta_work<Cfg>(p, b, row_tile, split, cw)) return;
   KDTREE_TL(1);
@@ -529,43 +508,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       }
     }
   };
-  // h41: does the tile sit in 64 consecutive slots, first .. first + 63, all inside the cache? Each
-  // warp of WG1 votes on its 16 keys from the slot ids it already holds (keys beyond the prefix hold
-  // -1, so a tile with draft or missing keys never passes) and its lane 0 writes its `first` (-1:
-  // no) for the tile's parity; issue_tile reads the four after a barrier all of WG1 has passed
-  // since (no barrier of its own: a warpgroup bar.red there made every gathered tile ~25% slower,
-  // and loading 64 more slot ids per warp instead cost 2.5%; perf-notes h41, h41b). The shuffle
-  // runs in every lane: h41c had it behind `ok &&`, so a tile whose lanes disagreed (a run broken
-  // inside it) left part of the warp out of a full-mask shuffle and the CTA hung.
-  int* s_kfirst = reinterpret_cast<int*>(g_hopper_smem + Cfg::kKFirstOff);
-  auto vote_tile = [&](int tile, const int64_t (&slots)[4]) {
-    if (!(kKTma && k_tma)) return;
-    const int64_t first = slots[0] - gather_key0;
-    bool ok = first >= 0 && first <= p.kv_num_slots - Cfg::kBN;
-#pragma unroll
-    for (int u = 1; u < 4; ++u) ok = ok && slots[u] == first + gather_key0 + 16 * u;
-    const int64_t first0 = __shfl_sync(0xffffffffu, first, 0);  // by every lane: not inside the && below
-    ok = __all_sync(0xffffffffu, ok && first == first0);
-    if (lane == 0) s_kfirst[(tile & 1) * 4 + warp_in_wg] = ok ? static_cast<int>(first) : -1;
-    __syncwarp();  // the warp meets the named barrier that follows converged (bar.sync is .aligned)
-  };
   auto issue_tile = [&](int tile, const int64_t (&slots)[4]) {
     const uint32_t dst_base = sK + ((tile - t_begin) & 1) * Cfg::kBlockBytes;
-    const uint32_t full = bar_full + 8 * ((tile - t_begin) & 1);
-    if (kKTma && k_tma && tile < w.prefix_tiles) {
-      const int4 f = *reinterpret_cast<const int4*>(s_kfirst + (tile & 1) * 4);  // written before a barrier since
-      if (f.x >= 0 && f.x == f.y && f.x == f.z && f.x == f.w) {
-        if (j == 0) {  // arms the stage's barrier with the bytes; the other 127 arrivals are plain
-          mbar_arrive_expect_tx(full, Cfg::kBlockBytes);
-#pragma unroll
-          for (int a = 0; a < Cfg::kAtoms; ++a) tma_load_2d(dst_base + a * Cfg::kAtomBytes, &k_map, full, a * 64, f.x);
-        } else {
-          mbar_arrive(full);
-        }
-        __syncwarp();  // lane 0 of the first warp rejoins after issuing the boxes (bar.sync is .aligned)
-        return;
-      }
-    }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int key_local = gather_key0 + 16 * u;
@@ -583,22 +527,16 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 #pragma unroll
       for (int a = 0; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
     }
-    cp_async_mbar_arrive(full);
+    cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
   // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
   // (h21b): every CTA of a wave pulls Q and its first tiles at once, and a first burst of Q +
   // one tile lands ~1 µs sooner than Q + two (-DKDTREE_PROLOGUE_TWO_TILES: both at once, as before).
-  // slots: the ids of the next tile to issue; ahead: the tile after it (fetched two tiles ahead, so
-  // the consecutive-slot vote at the top of an iteration finds them landed).
-  int64_t slots[4], ahead[4];
-  (void)ahead;  // unused with -DKDTREE_PROLOGUE_TWO_TILES (A/B only)
-  if (wg == 1) {
-    fetch_slots(t_begin, slots);
-    vote_tile(t_begin, slots);
-  }
-  __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them; tile 0's votes
+  int64_t slots[4];
+  if (wg == 1) fetch_slots(t_begin, slots);
+  __syncthreads();  // mbarrier initialisation visible before any cp.async arrives on them
   if (!tma_q) load_q();
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
   uint32_t first_bits[2] = {0u, 0u};
@@ -608,8 +546,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     issue_tile(t_begin, slots);
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
     fetch_slots(t_begin + 1, slots);
-    fetch_slots(t_begin + 2, ahead);
-    vote_tile(t_begin + 1, slots);  // read after the "Q visible" barrier below
 #else
     if (t_begin + 1 < t_end) {
       fetch_slots(t_begin + 1, slots);
@@ -808,23 +744,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   } else {
     // =========================== helper warpgroup ===========================
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // tile 1, now that Q has landed
-    {
-      int64_t next[4];
-      fetch_slots(t_begin + 3, next);  // before tile 1's cp.async (h41f)
-      if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        slots[u] = ahead[u];  // tile 2
-        ahead[u] = next[u];   // tile 3
-      }
-    }
+    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots);
+    fetch_slots(t_begin + 2, slots);
 #endif
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
     for (int i = 0; i < num_tiles; ++i) {
       const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
-      if (i + 2 < num_tiles) vote_tile(t_begin + i + 2, slots);  // read by issue_tile below, after "P full"
       named_barrier(kBarPFull, 256);
       fence_proxy_async();
       const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
@@ -843,22 +770,8 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
         // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
-#ifndef KDTREE_PROLOGUE_TWO_TILES
-        // h41f: the ids of tile t+4 are loaded before this tile's cp.async, not behind them, so they
-        // land in an L2 round trip; whatever ptxas does with them later (h41e: copies hoisted in
-        // front of the next PV) then waits on nothing.
-        int64_t next[4];
-        fetch_slots(t_begin + i + 4, next);
-        issue_tile(t_begin + i + 2, slots);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          slots[u] = ahead[u];  // tile t+3
-          ahead[u] = next[u];   // tile t+4
-        }
-#else
         issue_tile(t_begin + i + 2, slots);
         fetch_slots(t_begin + i + 3, slots);
-#endif
       }
     }
     named_barrier(kBarFinal, 256);

@@ -22,8 +22,8 @@ constexpr int kMaxDevices = 64;
 
 // Both instantiations (h13: scales folded or applied as given): each needs the shared-memory
 // attribute and an image for the device. The folded one, last, is what SGLang's scales run.
-void (*const kKernels[])(KdtreeVerifyParams, CUtensorMap, int, CUtensorMap, int) = {verify_attention_hopper_kernel<false>,
-                                                                      verify_attention_hopper_kernel<true>};
+void (*const kKernels[])(KdtreeVerifyParams, CUtensorMap, int) = {verify_attention_hopper_kernel<false>,
+                                                verify_attention_hopper_kernel<true>};
 
 int ensure_smem_attribute(int device, char* err, size_t err_len) {
   static std::atomic<bool> done[kMaxDevices];
@@ -55,7 +55,7 @@ bool fold_scales(const KdtreeVerifyParams& p) {
 #endif
 }
 
-#if !defined(KDTREE_Q_CP_ASYNC) || !defined(KDTREE_NO_K_TMA)
+#ifndef KDTREE_Q_CP_ASYNC
 // h23: Q's tensor map. The driver's encoder is resolved once through the runtime (no libcuda link);
 // the probe fails the start-up when it is missing, so a launch never runs without it unnoticed.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -110,30 +110,6 @@ bool encode_q_map(const KdtreeVerifyParams& p, CUtensorMap* map) {
 #endif
 }
 
-// h41: the latent cache [slots, 576] as a 2-d map {576 columns, slots}, box {64 columns, 64 slots}: one
-// 64-column atom of a tile whose 64 keys are consecutive slots, in the swizzled layout wgmma reads.
-// The kernel asks only for boxes wholly inside the cache, at int32 coordinates. false (every tile
-// gathered) when the cache has more rows than int32 coordinates reach, or the encoder refuses its
-// layout; -DKDTREE_NO_K_TMA (A/B only) always says false.
-bool encode_k_map(const KdtreeVerifyParams& p, CUtensorMap* map) {
-#ifdef KDTREE_NO_K_TMA
-  (void)p;
-  (void)map;
-  return false;
-#else
-  if (p.kv_num_slots < HopperConfig::kBN || p.kv_num_slots > 0x7fffffffll) return false;
-  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kQkDim), static_cast<cuuint64_t>(p.kv_num_slots)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(p.kv_stride_slot) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(HopperConfig::kBN)};
-  const cuuint32_t elem[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(p.kv_cache), dims, strides, box, elem,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-#endif
-}
-
 #ifndef KDTREE_Q_CP_ASYNC
 // The probe's check that the driver encodes Q's tensor map for SGLang's layout (q [T, 16, 576]
 // contiguous). The encoder reads no memory, so an aligned dummy address stands in for q.
@@ -174,15 +150,10 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   CUtensorMap q_map;
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;
-  CUtensorMap k_map;
-  memset(&k_map, 0, sizeof(k_map));
-  const int k_tma = encode_k_map(p, &k_map) ? 1 : 0;
   if (fold_scales(p)) {
-    verify_attention_hopper_kernel<true>
-        <<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma, k_map, k_tma);
+    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
   } else {
-    verify_attention_hopper_kernel<false>
-        <<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma, k_map, k_tma);
+    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
   }
   e = cudaGetLastError();
   if (e != cudaSuccess) {
