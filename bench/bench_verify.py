@@ -267,10 +267,11 @@ def parse_args(argv=None):
     ap.add_argument("--time-limit", type=float, default=270.0, help="stop starting new shapes after this many seconds (default 270)")
     ap.add_argument("--commit", default=None, help="commit id to record (default: git, else $KDTREE_COMMIT)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--slots", choices=("random", "contiguous"), default="random",
-                    help="prefix slot order in SGLang's page-size-1 cache: random (default, a fragmented pool) "
-                         "or contiguous (each request's rows in consecutive slots, DRAM-friendly), to separate "
-                         "the cost of slot order from the kernel's")
+    ap.add_argument("--slots", choices=SLOT_ORDERS, default="random",
+                    help="prefix slot order in SGLang's page-size-1 cache: random (default, a fragmented pool), "
+                         "contiguous (each request's rows in consecutive slots, DRAM-friendly; also what "
+                         "--page-size 64 gives) or runs (shuffled runs of 1-300 consecutive slots: a pool between "
+                         "the two), to separate the cost of slot order from the kernel's")
     a = ap.parse_args(argv)
     if a.shapes is not None:
         try:
@@ -467,6 +468,18 @@ def call_verify_mla(vm, b, o):
     return o
 
 
+SLOT_ORDERS = ("random", "contiguous", "runs")
+
+
+def slot_layout_kwargs(slots: str) -> dict:
+    """make_verify_batch's arguments for --slots: "runs" is its slot_layout; "random" is its default
+    (scattered); "contiguous" is applied afterwards by make_slots_contiguous (slots 1, 2, ... in
+    request order, as every earlier contiguous-slot result in bench/results/ was measured)."""
+    if slots not in SLOT_ORDERS:
+        raise ValueError(f"--slots must be one of {SLOT_ORDERS}, got {slots!r}")
+    return {"slot_layout": "runs"} if slots == "runs" else {}
+
+
 def make_slots_contiguous(batch):
     """Give every request's prefix consecutive cache slots (1, 2, ...; slot 0 stays SGLang's dummy
     slot), keeping the trailing garbage entries of kv_indices. The cache rows are random either
@@ -493,7 +506,8 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
         batches.append(make_verify_batch(
             [s.L] * s.B, num_heads=s.H, draft_lens=s.n, mask="tree", mask_dtype=torch.uint8,
             qo_indptr_dtype=torch.int64, kv_indptr_dtype=torch.int32, prefix_mask_fill="ones",
-            pool_factor=1.25, extra_indices=64, seed=args.seed * 1000003 + hash(s) % 100003 + i, device=DEVICE))
+            pool_factor=1.25, extra_indices=64, seed=args.seed * 1000003 + hash(s) % 100003 + i, device=DEVICE,
+            **slot_layout_kwargs(args.slots)))
         if args.slots == "contiguous":
             make_slots_contiguous(batches[-1])
     b0 = batches[0]

@@ -438,6 +438,22 @@ def test_batch_slot_layouts(layout):
         make_verify_batch([5], num_heads=1, draft_lens=1, slot_layout="paged")
 
 
+def test_bench_slot_orders_reach_the_batch():
+    """--slots runs (shuffled runs of consecutive slots) is make_verify_batch's "runs" layout; random
+    keeps its default stream; anything else is refused before a GPU is touched."""
+    bv = _load_bench("bench_verify")
+    assert bv.parse_args(["--slots", "runs"]).slots == "runs"
+    with pytest.raises(SystemExit):
+        bv.parse_args(["--slots", "paged"])
+    assert bv.slot_layout_kwargs("random") == {} and bv.slot_layout_kwargs("contiguous") == {}
+    kw = bv.slot_layout_kwargs("runs")
+    b = make_verify_batch([700, 300], num_heads=4, draft_lens=3, seed=3, **kw)
+    seg = b.kv_indices[: int(b.kv_indptr[-1])]
+    assert bool((seg[1:] - seg[:-1] == 1).float().mean() > 0.9)  # mostly consecutive, unlike random
+    with pytest.raises(ValueError):
+        bv.slot_layout_kwargs("paged")
+
+
 def test_bench_roofline_arithmetic():
     bv = _load_bench("bench_verify")
     s = bv.Shape(B=8, H=16, n=64, L=8192)
