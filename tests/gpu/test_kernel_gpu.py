@@ -388,10 +388,10 @@ SLOT_CASES = [
     (64, 16, [777], "runs"),
 ]
 SMALL_SLOT_CASES = [(8, 5, [200, 64], "contiguous"), (16, 3, [300, 1, 130], "runs")]
+RUN_SLOT_CASES = SMALL_SLOT_CASES if SMALL else SLOT_CASES
 
 
-@pytest.mark.parametrize("case", SMALL_SLOT_CASES if SMALL else SLOT_CASES,
-                         ids=lambda c: f"H{c[0]}-n{c[1]}-P{'_'.join(map(str, c[2]))}-{c[3]}")
+@pytest.mark.parametrize("case", RUN_SLOT_CASES, ids=lambda c: f"H{c[0]}-n{c[1]}-P{'_'.join(map(str, c[2]))}-{c[3]}")
 @pytest.mark.parametrize("tight_pool", [False, True], ids=["pool", "tight-pool"])
 def test_consecutive_slots(ops, case, tight_pool):
     """Keys in consecutive slots: against the float64 reference, and bit for bit against the same
@@ -399,12 +399,12 @@ def test_consecutive_slots(ops, case, tight_pool):
     on where the rows sit, whichever way a tile is loaded. tight_pool cuts the cache after the last
     slot in use, so a tile can end on the cache's last row."""
     H, n, P, layout = case
-    seed = 700 + (SMALL_SLOT_CASES if SMALL else SLOT_CASES).index(case)
+    seed = 700 + RUN_SLOT_CASES.index(case)
     batch = _batch_for((H, n, P, "tree", U8, I32, I32, 1.0, 1.0, 0, 0), seed, slot_layout=layout)
     if tight_pool:
-        used = int(batch.kv_indices[: int(batch.kv_indptr[-1])].max()) + 1
-        live = batch.kv_indices[: int(batch.kv_indptr[-1])]
-        tail = batch.kv_indices[int(batch.kv_indptr[-1]):]
+        total = int(batch.kv_indptr[-1])
+        live, tail = batch.kv_indices[:total], batch.kv_indices[total:]
+        used = int(live.max()) + 1
         tail = torch.where(tail < batch.kv_cache.shape[0], tail.clamp(max=used - 1), tail)  # valid garbage stays valid
         batch = dataclasses.replace(batch, kv_cache=batch.kv_cache[:used].clone(), kv_indices=torch.cat([live, tail]))
     out = _run(ops, batch)
