@@ -93,16 +93,15 @@ __device__ __forceinline__ void pv_smem(float (&o)[128], uint32_t p_smem, uint32
   wgmma_commit();
 }
 
-// One warpgroup's softmax of its own tile against the shared running max. s: masked scores (raw
-// when kFold). Reads s_m (the max after the previous tile), writes the new max and this tile's O
-// factor (1 when the max did not move: the lazy rescale of hopper_kernel.cuh) for the other
-// warpgroup, and leaves P (fp32, unnormalised, relative to the new max) in s; returns the row sums
-// of this tile (divided by ps, as softmax_exp_range's callers keep them) in sum, the factor in f.
+// One warpgroup's row max of its own tile against the shared running max (h42b: the max alone, so
+// the other warpgroup's softmax can start while this one computes its exp2s). s: masked scores (raw
+// when kFold). Reads s_m (the max after the previous tile); writes the new max and this tile's O
+// factor f (1 when the max did not move: the lazy rescale of hopper_kernel.cuh) for the other
+// warpgroup; returns the new max in st.m (st.l is unused).
 template <bool kFold>
-__device__ __forceinline__ void seesaw_softmax(float (&s)[32], float* s_m, float* s_scale, int row_lo, int lane,
-                                               float scale, float log2_ps, float (&f)[2], float (&sum)[2]) {
+__device__ __forceinline__ void seesaw_max(const float (&s)[32], float* s_m, float* s_scale, int row_lo, int lane,
+                                           float scale, SoftmaxState& st, float (&f)[2]) {
   constexpr float kRescaleThreshold = 8.f;
-  SoftmaxState st;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const float m_old = s_m[row_lo + 8 * rr];
@@ -125,26 +124,39 @@ __device__ __forceinline__ void seesaw_softmax(float (&s)[32], float* s_m, float
       s_scale[row_lo + 8 * rr] = f[rr];
     }
   }
-  sum[0] = sum[1] = 0.f;
-  softmax_exp_range<kFold>(s, st, sum, scale, log2_ps, 0, 8);
 }
 
-// P (fp32 in s, times `mul` per row) -> bf16, stored K-major swizzled as a 64 x 64 atom at p_smem.
-__device__ __forceinline__ void store_p(const float (&s)[32], uint8_t* p_smem, int row_lo, int lane, float mul0,
-                                        float mul1) {
+// P (fp32 in s) times `mul` per row -> bf16 A fragments (wgmma's register layout for m64k16).
+__device__ __forceinline__ void pack_pa(const float (&s)[32], float mul0, float mul1, uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * mul0, s[8 * kk + 1] * mul0);
+    pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * mul1, s[8 * kk + 3] * mul1);
+    pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * mul0, s[8 * kk + 5] * mul0);
+    pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * mul1, s[8 * kk + 7] * mul1);
+  }
+}
+
+// The same fragments stored K-major swizzled as a 64 x 64 atom at p_smem, for the other warpgroup.
+__device__ __forceinline__ void store_pa(const uint32_t (&pa)[4][4], uint8_t* p_smem, int row_lo, int lane) {
   const int r_hi = row_lo + 8;
   const int byte = 4 * (lane & 3);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    *reinterpret_cast<uint32_t*>(p_smem + swizzled(row_lo, 2 * kk) + byte) =
-        pack_bf16x2(s[8 * kk + 0] * mul0, s[8 * kk + 1] * mul0);
-    *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk) + byte) =
-        pack_bf16x2(s[8 * kk + 2] * mul1, s[8 * kk + 3] * mul1);
-    *reinterpret_cast<uint32_t*>(p_smem + swizzled(row_lo, 2 * kk + 1) + byte) =
-        pack_bf16x2(s[8 * kk + 4] * mul0, s[8 * kk + 5] * mul0);
-    *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk + 1) + byte) =
-        pack_bf16x2(s[8 * kk + 6] * mul1, s[8 * kk + 7] * mul1);
+    *reinterpret_cast<uint32_t*>(p_smem + swizzled(row_lo, 2 * kk) + byte) = pa[kk][0];
+    *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk) + byte) = pa[kk][1];
+    *reinterpret_cast<uint32_t*>(p_smem + swizzled(row_lo, 2 * kk + 1) + byte) = pa[kk][2];
+    *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk + 1) + byte) = pa[kk][3];
   }
+}
+
+// O (+)= P V over the tile's 64 keys, P from registers, V's 256 columns at v_smem. One commit group.
+__device__ __forceinline__ void pv_regs(float (&o)[128], const uint32_t (&pa)[4][4], uint32_t v_smem) {
+  wgmma_fence();
+  const uint64_t desc_v = make_desc(v_smem, kVLeading, kVStride);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
+  wgmma_commit();
 }
 
 __device__ __forceinline__ void rescale_if_moved(float (&o)[128], const float (&f)[2]) {
@@ -362,60 +374,45 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1)
       float scale, log2_ps, ps, inv_ps;
       tile_scales(t, scale, log2_ps, ps, inv_ps);
       mask_tile(s, t, scale);
-      float f0[2], sum[2];
-      seesaw_softmax<kFold>(s, s_m, s_scale0, row_in_tile0, lane, scale, log2_ps, f0, sum);
-      named_arrive(kBarScale0, 256);
-      rescale_if_moved(o, f0);
-      l[0] = l[0] * f0[0] + sum[0] * inv_ps;
-      l[1] = l[1] * f0[1] + sum[1] * inv_ps;
-      {  // O[:, 0:256] += P_a V_a[:, 0:256], P from registers
-        uint32_t pa[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
-          pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
-          pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
-          pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
-        }
-        wgmma_fence_operand(o);
-        wgmma_fence();
-        const uint64_t desc_v = make_desc(buf0, kVLeading, kVStride);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_operand(o);
-      }
-      if (has_a2) mbar_arrive(bar_empty + 8 * 0);  // A0 (V_a's left half) may be refilled
+      SoftmaxState st;
+      float f0[2], sum[2] = {0.f, 0.f};
+      seesaw_max<kFold>(s, s_m, s_scale0, row_in_tile0, lane, scale, st, f0);
+      named_arrive(kBarScale0, 256);  // WG1's softmax of b may start (h42b: before the exp2s)
+      softmax_exp_range<kFold>(s, st, sum, scale, log2_ps, 0, 8);
       float f1[2] = {1.f, 1.f};
       if (has_b) {
-        named_barrier(kBarScale1, 256);  // WG1's softmax of b is done: s_scale1 holds its factors
+        named_barrier(kBarScale1, 256);  // WG1's max of b: s_scale1 holds its factors
         f1[0] = s_scale1[row_in_tile0];
         f1[1] = s_scale1[row_in_tile0 + 8];
       }
-      store_p(s, p0_ptr, row_in_tile0, lane, ps * f1[0], ps * f1[1]);  // P_a relative to b's max
+      // O[:, 0:256] and the row sums straight to b's max: P_a scaled by f1 serves both PVs.
+      const float f[2] = {f0[0] * f1[0], f0[1] * f1[1]};
+      rescale_if_moved(o, f);
+      l[0] = (l[0] * f0[0] + sum[0] * inv_ps) * f1[0];
+      l[1] = (l[1] * f0[1] + sum[1] * inv_ps) * f1[1];
+      uint32_t pa[4][4];
+      pack_pa(s, ps * f1[0], ps * f1[1], pa);
+      store_pa(pa, p0_ptr, row_in_tile0, lane);
       fence_proxy_async();
-      named_arrive(kBarP0, 256);
+      named_arrive(kBarP0, 256);  // P_a is in buffer 0's atom 8
+      wgmma_fence_operand(o);
+      pv_regs(o, pa, buf0);  // O[:, 0:256] += P_a V_a[:, 0:256]
       if (has_b) {
         named_barrier(kBarP1, 256);  // P_b is in buffer 1's atom 8
         fence_proxy_async();
-        rescale_if_moved(o, f1);
-        l[0] *= f1[0];
-        l[1] *= f1[1];
-        wgmma_fence_operand(o);
-        pv_smem(o, buf1 + 8 * Cfg::kAtomBytes, buf1);
+        pv_smem(o, buf1 + 8 * Cfg::kAtomBytes, buf1);  // O[:, 0:256] += P_b V_b[:, 0:256]
       }
-      if (has_a2) {
+      if (has_a2) {  // then has_b too
         const uint32_t par = ((i >> 1) + 1) & 1;
+        wgmma_wait<1>();  // the PV of P_a: A0 (V_a's left half) may be refilled
+        mbar_arrive(bar_empty + 8 * 0);
         mbar_wait(bar_full + 8 * 0, par);
         fence_proxy_async();
         wgmma_fence_operand(s);
         qk_atoms<0x00Fu>(s, desc_q, desc_k0, true);
-        if (has_b) {
-          wgmma_wait<1>();  // the PV of P_b: A1 (V_b's left half and P_b) may be refilled
-          wgmma_fence_operand(o);
-          if (has_b2) mbar_arrive(bar_empty + 8 * 2);
-        }
+        wgmma_wait<1>();  // the PV of P_b: A1 (V_b's left half and P_b) may be refilled
+        wgmma_fence_operand(o);
+        if (has_b2) mbar_arrive(bar_empty + 8 * 2);
         mbar_wait(bar_full + 8 * 1, par);
         fence_proxy_async();
         qk_atoms<0x1F0u>(s, desc_q, desc_k0, false);
@@ -442,36 +439,28 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1)
     for (int i = 0; i < num_tiles; i += 2) {
       const int t = t_begin + i + 1;
       const bool has_b = i + 1 < num_tiles, has_a2 = i + 2 < num_tiles, has_b2 = i + 3 < num_tiles;
-      named_barrier(kBarScale0, 256);  // WG0's softmax of a: s_m and s_scale0 are written
+      named_barrier(kBarScale0, 256);  // WG0's max of a: s_m and s_scale0 are written
       const float f0[2] = {s_scale0[row_in_tile0], s_scale0[row_in_tile0 + 8]};
       if (has_b) {
         float scale, log2_ps, ps, inv_ps;
         tile_scales(t, scale, log2_ps, ps, inv_ps);
         mask_tile(s, t, scale);
-        float f1[2], sum[2];
-        seesaw_softmax<kFold>(s, s_m, s_scale1, row_in_tile0, lane, scale, log2_ps, f1, sum);
+        SoftmaxState st;
+        float f1[2], sum[2] = {0.f, 0.f};
+        seesaw_max<kFold>(s, s_m, s_scale1, row_in_tile0, lane, scale, st, f1);
         named_arrive(kBarScale1, 256);
+        softmax_exp_range<kFold>(s, st, sum, scale, log2_ps, 0, 8);
         const float f[2] = {f0[0] * f1[0], f0[1] * f1[1]};
         rescale_if_moved(o, f);
         l[0] = l[0] * f[0] + sum[0] * inv_ps;
         l[1] = l[1] * f[1] + sum[1] * inv_ps;
-        store_p(s, p1_ptr, row_in_tile0, lane, ps, ps);
-        fence_proxy_async();
-        // O[:, 256:512] += P_b V_b[:, 256:512], P from registers
         uint32_t pa[4][4];
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          pa[kk][0] = pack_bf16x2(s[8 * kk + 0] * ps, s[8 * kk + 1] * ps);
-          pa[kk][1] = pack_bf16x2(s[8 * kk + 2] * ps, s[8 * kk + 3] * ps);
-          pa[kk][2] = pack_bf16x2(s[8 * kk + 4] * ps, s[8 * kk + 5] * ps);
-          pa[kk][3] = pack_bf16x2(s[8 * kk + 6] * ps, s[8 * kk + 7] * ps);
-        }
+        pack_pa(s, ps, ps, pa);
+        store_pa(pa, p1_ptr, row_in_tile0, lane);
+        fence_proxy_async();
+        named_arrive(kBarP1, 256);  // P_b is in buffer 1's atom 8
         wgmma_fence_operand(o);
-        wgmma_fence();
-        const uint64_t desc_v = make_desc(buf1 + 4 * Cfg::kAtomBytes, kVLeading, kVStride);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs_bmn(o, pa[kk], desc_v + kk * (2048 >> 4), 1);
-        wgmma_commit();
+        pv_regs(o, pa, buf1 + 4 * Cfg::kAtomBytes);  // O[:, 256:512] += P_b V_b[:, 256:512]
       } else {
         rescale_if_moved(o, f0);
         l[0] *= f0[0];
@@ -479,9 +468,8 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1)
       }
       named_barrier(kBarP0, 256);  // P_a is in buffer 0's atom 8
       fence_proxy_async();
-      pv_smem(o, buf0 + 8 * Cfg::kAtomBytes, buf0 + 4 * Cfg::kAtomBytes);
+      pv_smem(o, buf0 + 8 * Cfg::kAtomBytes, buf0 + 4 * Cfg::kAtomBytes);  // O[:, 256:512] += P_a V_a[:, 256:512]
       if (has_b) {
-        named_arrive(kBarP1, 256);
         wgmma_wait<1>();  // the PV of P_b: B1 (V_b's right half) may be refilled
         wgmma_fence_operand(o);
         if (has_b2) mbar_arrive(bar_empty + 8 * 3);
@@ -514,8 +502,9 @@ __global__ void __launch_bounds__(SeesawConfig::kThreads, 1)
     s_l1[row_in_tile0] = l[0];
     s_l1[row_in_tile0 + 8] = l[1];
   }
-  named_barrier(kBarRowSums, 256);
+  if (wg == 1) named_arrive(kBarRowSums, 256);  // s_l1 written
   if (wg == 0) {
+    named_barrier(kBarRowSums, 256);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int r = row_in_tile0 + 8 * rr;
