@@ -56,7 +56,15 @@ fi
 echo "total $(( $(date +%s) - t0 ))s"
 tar czf $REAL/all.tgz -C $OUT .
 # ncu of the seesaw build on one large shape (stall reasons, per-instruction samples)
-export KDTREE_LIB=/tmp/lib_ss.so NAME_RE=seesaw_kernel; bash bench/gpu_profile_sass.sh 32,16,64,8192; unset KDTREE_LIB NAME_RE
+# (gpu_profile_sass.sh's ncu line, inline: that script reinstalls and rebuilds first)
+KDTREE_LIB=/tmp/lib_ss.so timeout 200 ncu --clock-control none --kernel-name "regex:seesaw_kernel" --launch-skip 1 --launch-count 1 \
+  --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+  --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+  --section SourceCounters --import-source no -o /tmp/prof python3 bench/smoke.py --profile-shape 32,16,64,8192 > $OUT/ncu_run.log 2>&1
+echo "ncu rc=$?"
+ncu -i /tmp/prof.ncu-rep --print-units base > $OUT/ncu.log 2>&1
+grep -vE "^\s*$|----" $OUT/ncu.log | grep -E "Duration|Throughput|Stall|Warp Cycles|Issue|Pipe|Eligible|Registers|Executed Ipc|SM Busy|Tensor" | head -40
+ncu -i /tmp/prof.ncu-rep --page source --csv --print-source sass > $OUT/sass_stalls.csv 2>/dev/null
 gzip -f $OUT/sass_stalls.csv 2>/dev/null
 echo "total with ncu $(( $(date +%s) - t0 ))s"
 tar czf $REAL/all.tgz -C $OUT .
