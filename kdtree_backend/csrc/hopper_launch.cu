@@ -12,9 +12,6 @@
 #include "combine_kernel.cuh"
 #include "hopper_kernel.cuh"
 #include "hopper_launch.h"
-#ifdef KDTREE_HOPPER_SEESAW  // h42 (A/B only): the seesaw kernel with a producer warpgroup
-#include "hopper_seesaw.cuh"
-#endif
 #include "launch_plan.h"
 
 namespace kdtree {
@@ -23,31 +20,23 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-#ifdef KDTREE_HOPPER_SEESAW
-#define KDTREE_HOPPER_KERNEL verify_attention_hopper_seesaw_kernel
-using LaunchConfig = SeesawConfig;
-#else
-#define KDTREE_HOPPER_KERNEL verify_attention_hopper_kernel
-using LaunchConfig = HopperConfig;
-#endif
-
 // Both instantiations (h13: scales folded or applied as given): each needs the shared-memory
 // attribute and an image for the device. The folded one, last, is what SGLang's scales run.
-void (*const kKernels[])(KdtreeVerifyParams, CUtensorMap, int) = {KDTREE_HOPPER_KERNEL<false>,
-                                                KDTREE_HOPPER_KERNEL<true>};
+void (*const kKernels[])(KdtreeVerifyParams, CUtensorMap, int) = {verify_attention_hopper_kernel<false>,
+                                                verify_attention_hopper_kernel<true>};
 
 int ensure_smem_attribute(int device, char* err, size_t err_len) {
   static std::atomic<bool> done[kMaxDevices];
   if (device >= 0 && device < kMaxDevices && done[device].load(std::memory_order_acquire)) return KDTREE_OK;
   cudaError_t e = cudaSuccess;
   for (auto kernel : kKernels) {
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, LaunchConfig::kSmemBytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, HopperConfig::kSmemBytes);
   }
   if (e != cudaSuccess) {
     snprintf(err, err_len,
              "the Hopper kernel cannot run on device %d: cudaFuncSetAttribute(%d bytes of shared memory) failed: %s "
              "(it is built for sm_90a only: H100/H200; set KDTREE_KERNEL=portable elsewhere)",
-             device, LaunchConfig::kSmemBytes, cudaGetErrorString(e));
+             device, HopperConfig::kSmemBytes, cudaGetErrorString(e));
     return status_of(e);
   }
   if (device >= 0 && device < kMaxDevices) done[device].store(true, std::memory_order_release);
@@ -162,9 +151,9 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;
   if (fold_scales(p)) {
-    KDTREE_HOPPER_KERNEL<true><<<grid, LaunchConfig::kThreads, LaunchConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
+    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
   } else {
-    KDTREE_HOPPER_KERNEL<false><<<grid, LaunchConfig::kThreads, LaunchConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
+    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, HopperConfig::kSmemBytes, stream>>>(p, q_map, q_tma);
   }
   e = cudaGetLastError();
   if (e != cudaSuccess) {
@@ -195,9 +184,9 @@ int probe(int device, char* msg, size_t msg_len) {
   }
   int optin = 0;
   cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (optin < LaunchConfig::kSmemBytes) {
+  if (optin < HopperConfig::kSmemBytes) {
     snprintf(msg, msg_len, "device %d allows %d bytes of shared memory per block; the Hopper kernel needs %d", device,
-             optin, LaunchConfig::kSmemBytes);
+             optin, HopperConfig::kSmemBytes);
     return KDTREE_ERR_UNSUPPORTED;
   }
 #ifdef KDTREE_Q_CP_ASYNC
@@ -213,7 +202,7 @@ int probe(int device, char* msg, size_t msg_len) {
   const char* q_path = "Q by TMA";
 #endif
   snprintf(msg, msg_len, "Hopper kernel: sm_%d binary, %d registers/thread, %d B dynamic shared memory, %d local bytes, %s",
-           attr.binaryVersion, attr.numRegs, LaunchConfig::kSmemBytes, static_cast<int>(attr.localSizeBytes), q_path);
+           attr.binaryVersion, attr.numRegs, HopperConfig::kSmemBytes, static_cast<int>(attr.localSizeBytes), q_path);
   return KDTREE_OK;
 }
 
