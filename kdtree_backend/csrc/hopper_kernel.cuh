@@ -53,10 +53,6 @@ struct HopperConfig {
   static constexpr int kEmptyBarOff = kBarOff + kStages * 8;  // uint64[2]: K stage empty (WG0 done)
   static constexpr int kQBarOff = kEmptyBarOff + kStages * 8;  // uint64: Q landed (TMA, h23)
   static constexpr int kSmemBytes = kQBarOff + 8;
-  // h43 only (P then lives in the K stages' atom 8, so the P region is free): stage 1's alpha slot
-  // (stage 0 keeps kAlphaOff) and the stages' "group B landed" mbarriers (kBarOff's are group A).
-  static constexpr int kAlpha1Off = kPOff;                 // float[64]
-  static constexpr int kBarBOff = kPOff + 64 * 4;          // uint64[2]
 };
 static_assert(HopperConfig::kSmemBytes <= 232448, "the Hopper kernel must fit the H100/H200's 227 KB per block");
 static_assert(HopperConfig::kKOff % 1024 == 0 && HopperConfig::kPOff % 1024 == 0,
@@ -70,22 +66,9 @@ constexpr bool kCombineAsDependent = false;
 constexpr bool kCombineAsDependent = true;
 #endif
 
-// h43 (experiment, -DKDTREE_PV1_UNDER_SOFTMAX): WG1's PV of tile t waits for WG0's QK^T of tile t+1
-// and runs under WG0's softmax of t+1 instead of beside the QK^T. Tile t's P lives in its K stage's
-// rope atom (atom 8, dead after its QK^T: one P buffer per stage, so WG0 never waits for "P free"
-// before writing P; h14 / h16 lost to that wait), the rescale factors in one slot per stage, and
-// the refill is two atom groups: A = atoms 0-3 (WG0's V half) once WG0's PV of the stage is done
-// (before WG1's PV), B = atoms 4-8 after WG1's PV; QK^T waits for A, then for B before atom 4.
-#ifdef KDTREE_PV1_UNDER_SOFTMAX
-constexpr bool kPv1UnderSoftmax = true;
-#else
-constexpr bool kPv1UnderSoftmax = false;
-#endif
-
 // Named barrier ids (0 is __syncthreads; the portable kernel's ids are not shared with this one).
 constexpr int kBarPFull = 1;
-constexpr int kBarPFree = 2;  // h43: "P taken" (WG1 has read alpha; WG0 may announce the next P)
-constexpr int kBarSReady = 3;  // h43: WG0's QK^T of the next tile is done (WG1's PV may start)
+constexpr int kBarPFree = 2;
 constexpr int kBarFinal = 4;
 constexpr int kBarStore = 5;  // + column half: one warpgroup's staged output rows are complete
 
@@ -454,12 +437,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   float* s_lse = reinterpret_cast<float*>(g_hopper_smem + Cfg::kLseOff);
   const uint32_t bar_full = smem + Cfg::kBarOff;        // + 8 * stage
   const uint32_t bar_empty = smem + Cfg::kEmptyBarOff;  // + 8 * stage
-  // h43: K stage s's group B (atoms 4-8) landed; bar_full is then group A's, bar_empty A's empty.
-  const uint32_t bar_full_b = smem + Cfg::kBarBOff;  // + 8 * stage
-  // h43: tile t's rescale factors in the slot of its K stage (t & 1); else one slot.
-  auto alpha_slot = [&](int stage) {
-    return reinterpret_cast<float*>(g_hopper_smem + (kPv1UnderSoftmax && stage ? Cfg::kAlpha1Off : Cfg::kAlphaOff));
-  };
 
   const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
   const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
@@ -476,10 +453,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     mbar_init(bar_empty, 128);
     mbar_init(bar_empty + 8, 128);
     mbar_init(bar_q, 1);
-    if (kPv1UnderSoftmax) {
-      mbar_init(bar_full_b, 128);
-      mbar_init(bar_full_b + 8, 128);
-    }
     fence_mbarrier_init();  // the copy engine sees the initialised barrier
     if (tma_q) {
       const int r0 = row_tile * Cfg::kM;
@@ -556,43 +529,6 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     }
     cp_async_mbar_arrive(bar_full + 8 * ((tile - t_begin) & 1));
   };
-  // h43: the same copies for one atom group (kAtomsA = atoms 0-3, completing bar_full; else atoms
-  // 4-8, completing bar_full_b).
-  auto issue_group = [&](int tile, const int64_t (&slots)[4], bool group_a) {
-    const int stage = (tile - t_begin) & 1;
-    const uint32_t dst_base = sK + stage * Cfg::kBlockBytes;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int key_local = gather_key0 + 16 * u;
-      const __nv_bfloat16* src;
-      bool valid;
-      if (tile < w.prefix_tiles) {
-        valid = slots[u] >= 0 && slots[u] < p.kv_num_slots;  // out of range reads as zeros
-        src = kv + (valid ? slots[u] : 0) * p.kv_stride_slot;
-      } else {
-        const int c = (tile - w.prefix_tiles) * Cfg::kBN + key_local;
-        valid = c < req.n;
-        src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
-      }
-      const uint32_t dst = dst_base + swizzled(key_local, gather_chunk);
-      if (group_a) {
-#pragma unroll
-        for (int a = 0; a < 4; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
-      } else {
-#pragma unroll
-        for (int a = 4; a < Cfg::kAtoms; ++a) cp_async_16(dst + a * Cfg::kAtomBytes, src + a * 64 + gather_chunk * 8, valid);
-      }
-    }
-    cp_async_mbar_arrive((group_a ? bar_full : bar_full_b) + 8 * stage);
-  };
-  auto issue_tile_any = [&](int tile, const int64_t (&slots)[4]) {
-    if (kPv1UnderSoftmax) {
-      issue_group(tile, slots, true);
-      issue_group(tile, slots, false);
-    } else {
-      issue_tile(tile, slots);
-    }
-  };
 
   // Prologue: barriers initialised and visible, then Q (its own cp.async group) and, without
   // waiting for Q, K tile 0 (tracked by its mbarrier only). Tile 1 follows once Q has landed
@@ -607,13 +543,13 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   if (kMaskPrefetch && wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
     first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
-    issue_tile_any(t_begin, slots);
+    issue_tile(t_begin, slots);
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
     fetch_slots(t_begin + 1, slots);
 #else
     if (t_begin + 1 < t_end) {
       fetch_slots(t_begin + 1, slots);
-      issue_tile_any(t_begin + 1, slots);
+      issue_tile(t_begin + 1, slots);
     }
     fetch_slots(t_begin + 2, slots);
 #endif
@@ -671,25 +607,13 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       wgmma_fence_operand(s);
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < 16; ++ks) {
+      for (int ks = 0; ks < 36; ++ks) {
         const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
         wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, ks > 0);
-      }
-      if (kPv1UnderSoftmax) {  // h43: atoms 4-8 are the stage's second refill group
-        wgmma_commit();
-        mbar_wait(bar_full_b + 8 * (i & 1), (i >> 1) & 1);
-        fence_proxy_async();
-        wgmma_fence();
-      }
-#pragma unroll
-      for (int ks = 16; ks < 36; ++ks) {
-        const uint32_t off = ((ks >> 2) * Cfg::kAtomBytes + (ks & 3) * 32) >> 4;
-        wgmma_m64n64k16_ss_kmajor(s, desc_q + off, desc_k + off, 1);
       }
       wgmma_commit();
       wgmma_wait<0>();
       wgmma_fence_operand(s);
-      if (kPv1UnderSoftmax && i > 0) named_arrive(kBarSReady, 256);  // WG1 may run its PV of tile t-1
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
@@ -733,10 +657,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       st.l[0] += sum[0] * inv_ps;
       st.l[1] += sum[1] * inv_ps;
 
-      if (!kPv1UnderSoftmax && i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
+      if (i > 0) named_barrier(kBarPFree, 256);  // the helper is done with P and alpha of tile t-1
       {
-        uint8_t* p_smem = kPv1UnderSoftmax ? g_hopper_smem + Cfg::kKOff + (i & 1) * Cfg::kBlockBytes + 8 * Cfg::kAtomBytes
-                                           : g_hopper_smem + Cfg::kPOff;  // h43: the stage's rope atom
+        uint8_t* p_smem = g_hopper_smem + Cfg::kPOff;
         const int r_lo = row_in_tile0, r_hi = row_in_tile0 + 8;
         const int byte = 4 * (lane & 3);
 #pragma unroll
@@ -747,13 +670,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
           *reinterpret_cast<uint32_t*>(p_smem + swizzled(r_hi, 2 * kk + 1) + byte) = pa[kk][3];
         }
         if ((lane & 3) == 0) {
-          float* sa = alpha_slot(i & 1);
-          sa[r_lo] = alpha[0];
-          sa[r_hi] = alpha[1];
+          s_alpha[r_lo] = alpha[0];
+          s_alpha[r_hi] = alpha[1];
         }
       }
-      // h43: WG1 has taken tile t-1's factors, so this tile's "P full" cannot run a phase ahead.
-      if (kPv1UnderSoftmax && i > 0) named_barrier(kBarPFree, 256);
       fence_proxy_async();
       named_arrive(kBarPFull, 256);
       issue_pv(4 - kSteps, 4);
@@ -824,67 +744,34 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   } else {
     // =========================== helper warpgroup ===========================
 #ifndef KDTREE_PROLOGUE_TWO_TILES  // tile 1, now that Q has landed
-    if (t_begin + 1 < t_end) issue_tile_any(t_begin + 1, slots);
+    if (t_begin + 1 < t_end) issue_tile(t_begin + 1, slots);
     fetch_slots(t_begin + 2, slots);
 #endif
 #pragma unroll
     for (int i = 0; i < 128; ++i) o[i] = 0.f;
-    if (kPv1UnderSoftmax) {
-      // h43: P full -> factors taken -> refill group A of tile t+2 once WG0's PV of this stage is
-      // done -> wait for WG0's QK^T of t+1 -> PV (under WG0's softmax of t+1) -> refill group B.
-      for (int i = 0; i < num_tiles; ++i) {
-        const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-        mbar_wait(bar_full_b + 8 * (i & 1), (i >> 1) & 1);  // this half of V: already complete (WG0 waited)
-        named_barrier(kBarPFull, 256);
-        fence_proxy_async();
-        const float* sa = alpha_slot(i & 1);
-        const float alpha[2] = {sa[row_in_tile0], sa[row_in_tile0 + 8]};
-        if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // factors taken: WG0 may announce P of t+1
-        if (i + 2 < num_tiles) {
-          mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);  // WG0's PV of this stage is done
-          issue_group(t_begin + i + 2, slots, true);
-        }
-        if (i + 1 < num_tiles) named_barrier(kBarSReady, 256);  // WG0's QK^T of t+1 is done
-        if (!kWg1SkipRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
-        wgmma_fence_operand(o);
-        wgmma_fence();
-        const uint64_t desc_p = make_desc(stage + 8 * Cfg::kAtomBytes, 16, 1024);
-        const uint64_t desc_v = make_desc(stage + 4 * Cfg::kAtomBytes, kVLeading, kVStride);
+    for (int i = 0; i < num_tiles; ++i) {
+      const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
+      mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
+      named_barrier(kBarPFull, 256);
+      fence_proxy_async();
+      const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
+      if (!kWg1SkipRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
+      wgmma_fence_operand(o);
+      wgmma_fence();
+      const uint64_t desc_p = make_desc(sP, 16, 1024);
+      const uint64_t desc_v = make_desc(stage + 4 * Cfg::kAtomBytes, kVLeading, kVStride);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_operand(o);
-        if (i + 2 < num_tiles) {
-          issue_group(t_begin + i + 2, slots, false);
-          fetch_slots(t_begin + i + 3, slots);
-        }
-      }
-    } else {
-      for (int i = 0; i < num_tiles; ++i) {
-        const uint32_t stage = sK + (i & 1) * Cfg::kBlockBytes;
-        mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
-        named_barrier(kBarPFull, 256);
-        fence_proxy_async();
-        const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
-        if (!kWg1SkipRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
-        wgmma_fence_operand(o);
-        wgmma_fence();
-        const uint64_t desc_p = make_desc(sP, 16, 1024);
-        const uint64_t desc_v = make_desc(stage + 4 * Cfg::kAtomBytes, kVLeading, kVStride);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_operand(o);
-        if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // WG0 may write P of tile t+1
-        if (i + 2 < num_tiles) {
-          // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
-          // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
-          mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
-          issue_tile(t_begin + i + 2, slots);
-          fetch_slots(t_begin + i + 3, slots);
-        }
+      for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_ss_bmn(o, desc_p + kk * (32 >> 4), desc_v + kk * (2048 >> 4), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operand(o);
+      if (i + 1 < num_tiles) named_arrive(kBarPFree, 256);  // WG0 may write P of tile t+1
+      if (i + 2 < num_tiles) {
+        // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
+        // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
+        mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
+        issue_tile(t_begin + i + 2, slots);
+        fetch_slots(t_begin + i + 3, slots);
       }
     }
     named_barrier(kBarFinal, 256);
