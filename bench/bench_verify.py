@@ -472,24 +472,12 @@ SLOT_ORDERS = ("random", "contiguous", "runs")
 
 
 def slot_layout_kwargs(slots: str) -> dict:
-    """make_verify_batch's arguments for --slots: "runs" is its slot_layout; "random" is its default
-    (scattered); "contiguous" is applied afterwards by make_slots_contiguous (slots 1, 2, ... in
-    request order, as every earlier contiguous-slot result in bench/results/ was measured)."""
+    """make_verify_batch's arguments for --slots: "random" is its default (scattered slots);
+    "contiguous" and "runs" are its slot layouts of those names (contiguous: slots 1, 2, ... in request
+    order, as every earlier contiguous-slot result in bench/results/ was measured)."""
     if slots not in SLOT_ORDERS:
         raise ValueError(f"--slots must be one of {SLOT_ORDERS}, got {slots!r}")
-    return {"slot_layout": "runs"} if slots == "runs" else {}
-
-
-def make_slots_contiguous(batch):
-    """Give every request's prefix consecutive cache slots (1, 2, ...; slot 0 stays SGLang's dummy
-    slot), keeping the trailing garbage entries of kv_indices. The cache rows are random either
-    way, so the batch stays a valid input, and its reference follows the new indices."""
-    import torch
-
-    total = int(batch.kv_indptr[-1])
-    idx = batch.kv_indices
-    idx[:total] = torch.arange(1, total + 1, dtype=idx.dtype, device=idx.device)
-    return batch
+    return {} if slots == "random" else {"slot_layout": slots}
 
 
 def run_shape(torch, s: Shape, impls, args, ceil, mods):
@@ -508,8 +496,6 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
             qo_indptr_dtype=torch.int64, kv_indptr_dtype=torch.int32, prefix_mask_fill="ones",
             pool_factor=1.25, extra_indices=64, seed=args.seed * 1000003 + hash(s) % 100003 + i, device=DEVICE,
             **slot_layout_kwargs(args.slots)))
-        if args.slots == "contiguous":
-            make_slots_contiguous(batches[-1])
     b0 = batches[0]
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed + 17)
 

@@ -414,7 +414,7 @@ def make_verify_batch(
     in SGLang), laid out by ``slot_layout``: ``"scattered"`` (a random permutation: a fragmented
     page-size-1 pool), ``"runs"`` (the pool cut into consecutive runs of 1-300 slots, the runs
     shuffled: contiguous stretches at every alignment, some ending at the pool's last slot) or
-    ``"contiguous"`` (each request's prefix in consecutive slots, requests in a random order:
+    ``"contiguous"`` (slots 1, 2, ... in request order, so each request's prefix is one run:
     SGLang's --page-size 64 or a fresh pool); ``kv_indices`` has ``extra_indices`` trailing garbage entries
     (``index_garbage="valid"``: random in-pool slots, ``"wild"``: huge values that fault if read);
     the mask has ``extra_mask_bytes`` trailing garbage bytes; q/k get ``extra_rows`` trailing
@@ -474,15 +474,8 @@ def make_verify_batch(
             at += step
         rng.shuffle(cuts)
         perm = torch.cat(cuts)[:total_prefix].to(device)
-    elif slot_layout == "contiguous":  # each request's prefix in one run; runs in a random pool order
-        order = list(range(n_real))
-        rng.shuffle(order)
-        start, at = [0] * n_real, 1
-        for b_ in order:
-            start[b_] = at
-            at += prefix_real[b_]
-        perm = torch.cat([torch.arange(start[b_], start[b_] + prefix_real[b_], dtype=torch.long) for b_ in range(n_real)]
-                         + [torch.zeros(0, dtype=torch.long)]).to(device)
+    elif slot_layout == "contiguous":  # each request's prefix in one run: slots 1, 2, ... in request order
+        perm = torch.arange(1, total_prefix + 1, dtype=torch.long, device=device)
     else:
         raise ValueError(f"slot_layout must be 'scattered', 'runs' or 'contiguous', got {slot_layout!r}")
     pieces, off = [], 0
