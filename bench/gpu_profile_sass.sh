@@ -3,13 +3,13 @@
 # stall samples as CSV for offline reading.
 #   (device) bash bench/gpu_profile_sass.sh [B,H,n,L]                    # the Hopper kernel
 #   (device) PATH_KERNEL=portable bash bench/gpu_profile_sass.sh [B,H,n,L] # the portable kernel
-#   (device) NAME_RE=seesaw_kernel KDTREE_LIB=/tmp/lib_x.so bash bench/gpu_profile_sass.sh  # an A/B build
+#   (device) NAME_RE=<kernel-name regex> KDTREE_LIB=/tmp/lib_x.so bash bench/gpu_profile_sass.sh  # an A/B build
 set -uo pipefail
 source bench/gpu_env.sh
 shape=${1:-32,16,64,8192}
 export KDTREE_KERNEL=${PATH_KERNEL:-hopper}
 if [ "$KDTREE_KERNEL" = hopper ]; then name_re=hopper_kernel; else name_re=verify_attention_kernel; fi
-name_re=${NAME_RE:-$name_re}  # e.g. NAME_RE=seesaw_kernel for an A/B build loaded through KDTREE_LIB
+name_re=${NAME_RE:-$name_re}  # an A/B build whose kernel has another name (loaded through KDTREE_LIB)
 timeout 200 ncu --clock-control none --kernel-name "regex:$name_re" --launch-skip 1 --launch-count 1 \
   --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section LaunchStats --section Occupancy \
