@@ -5,16 +5,20 @@
 # $OUT/{racecheck,racecheck-slots,memcheck}-<path>.log and the summary lines to stdout. Kept in one
 # place so every device script checks the same way.
 #   sanitize_path hopper|portable [racecheck timeout s] [memcheck timeout s]
+# One compute-sanitizer tool over the path's sanitizer-sized kernel tests selected by -k:
+#   _sanitize_tests path tool timeout log-name label summary-regex -k-expression
+_sanitize_tests() {
+  local pth=$1 tool=$2 secs=$3 log=$4 label=$5 summary=$6 select=$7
+  KDTREE_KERNEL=$pth KDTREE_TEST_SMALL=1 timeout "$secs" compute-sanitizer --tool "$tool" --print-limit 20 \
+    python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernel_gpu.py -k "$select" > "$OUT/$log-$pth.log" 2>&1
+  echo "$label ($pth) rc=$?"; grep -E "$summary|passed|failed" "$OUT/$log-$pth.log" | tail -2
+}
 sanitize_path() {
   local pth=$1 race_s=${2:-60} mem_s=${3:-90}
   KDTREE_KERNEL=$pth timeout "$race_s" compute-sanitizer --tool racecheck --print-limit 20 \
     python3 bench/smoke.py --small --no-triton > "$OUT/racecheck-$pth.log" 2>&1
   echo "racecheck ($pth) rc=$?"; grep -E "RACECHECK SUMMARY" "$OUT/racecheck-$pth.log"
-  KDTREE_KERNEL=$pth KDTREE_TEST_SMALL=1 timeout "$race_s" compute-sanitizer --tool racecheck --print-limit 20 \
-    python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernel_gpu.py -k "consecutive_slots and $pth" \
-    > "$OUT/racecheck-slots-$pth.log" 2>&1
-  echo "racecheck, consecutive slots ($pth) rc=$?"; grep -E "RACECHECK SUMMARY|passed|failed" "$OUT/racecheck-slots-$pth.log" | tail -2
-  KDTREE_KERNEL=$pth KDTREE_TEST_SMALL=1 timeout "$mem_s" compute-sanitizer --tool memcheck --print-limit 20 \
-    python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernel_gpu.py -k "$pth" > "$OUT/memcheck-$pth.log" 2>&1
-  echo "memcheck ($pth) rc=$?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/memcheck-$pth.log" | tail -2
+  _sanitize_tests "$pth" racecheck "$race_s" racecheck-slots "racecheck, consecutive slots" "RACECHECK SUMMARY" \
+    "consecutive_slots and $pth"
+  _sanitize_tests "$pth" memcheck "$mem_s" memcheck memcheck "ERROR SUMMARY" "$pth"
 }
