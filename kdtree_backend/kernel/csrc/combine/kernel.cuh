@@ -1,0 +1,161 @@
+// Merge of the KV splits: for every query row of a request whose keys were cut into more than one
+// split, out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse). Requests that ran in a
+// single split were written directly by the main kernel and are skipped here.
+#pragma once
+#include <cuda_bf16.h>
+#include <math_constants.h>
+
+#include "../common/mla.h"
+#include "../common/ptx.cuh"
+#include "../common/request.cuh"
+#include "../kdtree_api.h"
+
+namespace kdtree {
+
+// Two layouts of the same merge, picked per launch by the planned split count (journal c1):
+//  * whole rows: one warp per row, 8 rows per block, 4 float4 a lane per split, 8 splits' loads in
+//    flight. Best when there are many rows and few splits (each warp's fixed chain of request,
+//    lse and weight work is spread over 2 KB a split).
+//  * quarter rows: one warp per (row, 128-column quarter), one row per block, 1 float4 a lane per
+//    split, 16 splits' loads in flight. A small batch is split 33-66 ways over few rows (B = 1:
+//    128 rows or fewer), and whole rows put all of a row's partials (66 KB at 33 splits) through
+//    one SM's L2 port in a long serial chain: quartering measured 1.1-1.5x faster end to end there,
+//    and 2-17% slower at 2-8 splits over 1-4k rows.
+template <int ColsPerWarp>
+struct CombineLayout {
+  static constexpr int kColsPerWarp = ColsPerWarp;
+  static constexpr int kWarpsPerRow = kVDim / ColsPerWarp;
+  static constexpr int kWarps = ColsPerWarp == kVDim ? 8 : kWarpsPerRow;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRowsPerBlock = kWarps / kWarpsPerRow;
+  static constexpr int kF4 = ColsPerWarp / 128;                 // float4 per lane per split
+  static constexpr int kUnroll = ColsPerWarp == kVDim ? 8 : 16;  // splits whose loads are in flight at once
+  // h38: splits whose partials are loaded beside the row's lse values, before the weights exist
+  // (they only scale them): one L2 round trip fewer for plans of up to kFirst splits. Whole rows
+  // hold 2 (8 float4 a lane: the block stays at 4 per SM), quarter rows 32 (1 float4 a lane each;
+  // their grids are small, B = 1).
+  static constexpr int kFirst = ColsPerWarp == kVDim ? 2 : 32;
+  static_assert(kVDim % ColsPerWarp == 0 && ColsPerWarp % 128 == 0, "whole float4 per lane");
+};
+using CombineWholeRows = CombineLayout<kVDim>;
+using CombineQuarterRows = CombineLayout<128>;
+// From this many planned splits on, the quarter layout runs (measured: 33 and 66 splits gain,
+// 16 is even, 8 and fewer lose).
+constexpr int kCombineQuarterMinSplits = 17;
+
+// kPdl (h39, the Hopper path): launched as a programmatic dependent of the verify kernel, whose
+// CTAs trigger it at their epilogue: the blocks start while the verify kernel's last CTAs store,
+// load the request's indices (inputs, which that kernel does not write), and wait for it to
+// complete (griddepcontrol.wait) before reading its partials. Without PDL the wait returns at once.
+template <class Cfg, class Lay, bool kPdl>
+__global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const KdtreeVerifyParams p, int num_row_tiles) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int r = blockIdx.x * Lay::kRowsPerBlock + warp / Lay::kWarpsPerRow;
+  const int col0 = (warp % Lay::kWarpsPerRow) * Lay::kColsPerWarp;  // this warp's first column
+  const int b = blockIdx.y;
+  RequestView req;
+  if constexpr (kPdl) {
+    req = load_request(p, b);
+    pdl_wait_primary();
+  }
+  const int64_t rows_per_split = static_cast<int64_t>(num_row_tiles) * Cfg::kM;
+  const float* ws_o = reinterpret_cast<const float*>(p.workspace);
+  const float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * p.num_splits * rows_per_split * kVDim;
+  const int64_t row0 = static_cast<int64_t>(b) * p.num_splits * rows_per_split + r;
+
+  // One L2 round trip for the request's indices, the row's lse over the splits and the first
+  // kFirst splits' partials (h38, h38b): none of their addresses depends on the request, and the
+  // partials do not depend on the weights, which only scale them. What is read for a split the
+  // request did not use (stale workspace: any bits) is discarded by selects below, never scaled.
+  // Bounded by the planned split count, so every read stays inside the workspace.
+  const float4* src = reinterpret_cast<const float4*>(ws_o + row0 * kVDim + col0) + lane;
+  const int64_t split_stride4 = rows_per_split * (kVDim / 4);
+  float4 first[Lay::kFirst][Lay::kF4];
+#pragma unroll
+  for (int s = 0; s < Lay::kFirst; ++s)
+#pragma unroll
+    for (int i = 0; i < Lay::kF4; ++i)
+      first[s][i] = s < p.num_splits ? src[s * split_stride4 + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
+  float lse_l[kMaxSplits / 32];
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    const int s = lane + 32 * k;
+    lse_l[k] = s < p.num_splits ? ws_lse[row0 + s * rows_per_split] : -CUDART_INF_F;
+  }
+  if constexpr (!kPdl) req = load_request(p, b);
+  const int H = p.num_heads;
+  if (r >= req.n * H) return;
+  const SplitWork w = request_split_work<Cfg>(p, req);
+  if (w.active <= 1) return;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) lse_l[k] = lane + 32 * k < w.active ? lse_l[k] : -CUDART_INF_F;
+#pragma unroll
+  for (int s = 0; s < Lay::kFirst; ++s)
+#pragma unroll
+    for (int i = 0; i < Lay::kF4; ++i) first[s][i] = s < w.active ? first[s][i] : make_float4(0.f, 0.f, 0.f, 0.f);
+
+  // The weights, in parallel over the warp's lanes (one split per lane), kept in shared memory;
+  // then the first splits' partials and a branch-free accumulation of the rest, with several
+  // splits' loads in flight.
+  __shared__ float weights[Lay::kWarps][kMaxSplits];
+  float* wrow = weights[warp];
+  float lse_max = -CUDART_INF_F;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) lse_max = fmaxf(lse_max, lse_l[k]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, off));
+  float wsum = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    const int s = lane + 32 * k;
+    if (s < w.active) {
+      // A split that saw none of this row's keys has lse = -inf: weight 0 (its partial row is 0).
+      const float wt = lse_max == -CUDART_INF_F ? 0.f : exp2f(lse_l[k] - lse_max);
+      wrow[s] = wt;
+      wsum += wt;
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, off);
+  __syncwarp();
+
+  float4 acc[Lay::kF4];
+#pragma unroll
+  for (int i = 0; i < Lay::kF4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int s = 0; s < Lay::kFirst; ++s) {
+    const float wt = s < w.active ? wrow[s] : 0.f;
+#pragma unroll
+    for (int i = 0; i < Lay::kF4; ++i) {
+      acc[i].x += wt * first[s][i].x;
+      acc[i].y += wt * first[s][i].y;
+      acc[i].z += wt * first[s][i].z;
+      acc[i].w += wt * first[s][i].w;
+    }
+  }
+#pragma unroll Lay::kUnroll
+  for (int s = Lay::kFirst; s < w.active; ++s) {
+    const float wt = wrow[s];
+    const float4* sp = src + s * split_stride4;
+#pragma unroll
+    for (int i = 0; i < Lay::kF4; ++i) {
+      const float4 v = sp[32 * i];
+      acc[i].x += wt * v.x;
+      acc[i].y += wt * v.y;
+      acc[i].z += wt * v.z;
+      acc[i].w += wt * v.w;
+    }
+  }
+  const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
+  __nv_bfloat16* dst = out_row(p, req, r) + col0;
+#pragma unroll
+  for (int i = 0; i < Lay::kF4; ++i) {
+    uint2 packed;
+    packed.x = pack_bf16x2(acc[i].x * inv, acc[i].y * inv);
+    packed.y = pack_bf16x2(acc[i].z * inv, acc[i].w * inv);
+    *reinterpret_cast<uint2*>(dst + 4 * (lane + 32 * i)) = packed;
+  }
+}
+
+}  // namespace kdtree

@@ -1,0 +1,47 @@
+// Host side of the split combine: the launch of the merge after a split verify launch, in the layout
+// its planned split count picks, as a programmatic dependent where that measured faster.
+#pragma once
+#include <cuda_runtime.h>
+
+#include "../kdtree_api.h"
+#include "kernel.cuh"
+
+namespace kdtree {
+
+template <class Cfg, class Lay, bool kPdl>
+inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
+  const dim3 grid((row_tiles * Cfg::kM + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
+  if constexpr (kPdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(Lay::kThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute pdl;
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &pdl;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, combine_splits_kernel<Cfg, Lay, true>, p, row_tiles);
+  } else {
+    combine_splits_kernel<Cfg, Lay, false><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
+    return cudaGetLastError();
+  }
+}
+
+// Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows (both
+// launchers), in the layout the planned split count picks; returns the launch's error.
+// kPdl: plans of up to kCombinePdlMaxSplits splits launch the merge as a programmatic dependent of
+// the main kernel, which must trigger it (h39b). Measured against ordinary launches (journal h39,
+// h39b): 2 and 4 splits 2-5.5% faster end to end; 8 splits 2-9% slower, and the quarter rows (B = 1
+// plans of 17-128 splits) ~2% slower: there the device-side wait costs more than the kernel boundary.
+constexpr int kCombinePdlMaxSplits = 4;
+template <class Cfg, bool kPdl = false>
+inline cudaError_t launch_combine(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
+  if (p.num_splits >= kCombineQuarterMinSplits) return launch_combine_layout<Cfg, CombineQuarterRows, false>(p, row_tiles, stream);
+  if constexpr (kPdl) {
+    if (p.num_splits <= kCombinePdlMaxSplits) return launch_combine_layout<Cfg, CombineWholeRows, true>(p, row_tiles, stream);
+  }
+  return launch_combine_layout<Cfg, CombineWholeRows, false>(p, row_tiles, stream);
+}
+
+}  // namespace kdtree

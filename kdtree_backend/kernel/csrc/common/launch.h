@@ -1,0 +1,115 @@
+// The launch helper both launchers use (portable/launch.cu, hopper/launch.cu): what every launch does
+// before and after its kernel (the device's shared-memory attribute, set once per device; the
+// workspace and grid checks; the launch's error) and the device probe (an image for the device, the
+// shared memory it allows), with one way of formatting their failures. Host code only.
+#pragma once
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "../kdtree_api.h"
+#include "launch_plan.h"
+
+namespace kdtree {
+
+constexpr int kMaxDevices = 64;  // devices whose shared-memory attribute is remembered as set
+
+// Formats a failure's reason into err (a caller's buffer) and returns its KdtreeStatus.
+inline int report(int code, char* err, size_t err_len, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, err_len, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+// Every instantiation one launcher may launch, the dynamic shared memory they take, and how its
+// messages name them. `Kernel` is the kernels' function-pointer type.
+template <class Kernel, int N>
+class KernelFamily {
+ public:
+  // name: "the portable verify kernel"; hint: appended to an image failure (may be "").
+  KernelFamily(const char* name, const char* hint, int smem_bytes, const Kernel (&kernels)[N])
+      : name_(name), hint_(hint), smem_bytes_(smem_bytes) {
+    for (int i = 0; i < N; ++i) kernels_[i] = kernels[i];
+  }
+
+  int smem_bytes() const { return smem_bytes_; }
+
+  // Before a launch of `p` in tiles of `rows_per_tile` rows: the current device's shared-memory
+  // attribute (set once per device), the workspace, the grid's row-tile limit. Fills row_tiles.
+  int prepare(const KdtreeVerifyParams& p, int rows_per_tile, int& row_tiles, char* err, size_t err_len) {
+    int device = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return report(KDTREE_ERR_CUDA, err, err_len, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+    int rc = ensure_smem_attribute(device, err, err_len);
+    if (rc != KDTREE_OK) return rc;
+    row_tiles = row_tiles_for(p.num_heads, p.max_qo_len, rows_per_tile);
+    rc = check_workspace(p, row_tiles, rows_per_tile, err, err_len);
+    if (rc != KDTREE_OK) return rc;
+    if (row_tiles > 65535 * 64) return report(KDTREE_ERR_UNSUPPORTED, err, err_len, "too many query rows per request");
+    return KDTREE_OK;
+  }
+
+  // Right after the kernel's launch: its error, if any, as a status.
+  int launched(const dim3& grid, char* err, size_t err_len) const {
+    const cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) return KDTREE_OK;
+    return report(status_of(e), err, err_len, "launch of %s (grid %d x %d x %d) failed: %s", name_, grid.x, grid.y,
+                  grid.z, cudaGetErrorString(e));
+  }
+
+  // Every kernel has an image for `device` (the current one) and the device allows their shared
+  // memory; attr: the last kernel's attributes, for the caller's report.
+  int probe(int device, cudaFuncAttributes& attr, char* msg, size_t msg_len) const {
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < N && e == cudaSuccess; ++i) e = cudaFuncGetAttributes(&attr, kernels_[i]);
+    cudaDeviceProp prop;
+    memset(&prop, 0, sizeof(prop));
+    cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return report(status_of(e), msg, msg_len,
+                    "no usable image of %s for device %d (%s, compute capability %d.%d): %s; library built for "
+                    "compute capabilities %s%s",
+                    name_, device, prop.name, prop.major, prop.minor, cudaGetErrorString(e), kdtree_built_archs(), hint_);
+    }
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (optin < smem_bytes_) {
+      return report(KDTREE_ERR_UNSUPPORTED, msg, msg_len,
+                    "device %d (%s) allows %d bytes of shared memory per block; %s needs %d", device, prop.name, optin,
+                    name_, smem_bytes_);
+    }
+    return KDTREE_OK;
+  }
+
+ private:
+  int ensure_smem_attribute(int device, char* err, size_t err_len) {
+    const bool known = device >= 0 && device < kMaxDevices;
+    if (known && smem_set_[device].load(std::memory_order_acquire)) return KDTREE_OK;
+    cudaError_t e = cudaSuccess;
+    for (int i = 0; i < N && e == cudaSuccess; ++i)
+      e = cudaFuncSetAttribute(kernels_[i], cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes_);
+    if (e != cudaSuccess) {
+      return report(status_of(e), err, err_len,
+                    "%s cannot run on device %d: cudaFuncSetAttribute(%d bytes of shared memory) failed: %s (library "
+                    "built for compute capabilities %s%s)",
+                    name_, device, smem_bytes_, cudaGetErrorString(e), kdtree_built_archs(), hint_);
+    }
+    if (known) smem_set_[device].store(true, std::memory_order_release);
+    return KDTREE_OK;
+  }
+
+  const char* name_;
+  const char* hint_;
+  int smem_bytes_;
+  Kernel kernels_[N];
+  std::atomic<bool> smem_set_[kMaxDevices] = {};
+};
+
+}  // namespace kdtree

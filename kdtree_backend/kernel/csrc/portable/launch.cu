@@ -1,0 +1,59 @@
+// Host side of the portable configuration: the launch of the verify kernel (and of the split combine
+// after a split plan) and the device probe. This translation unit holds the portable kernels; the
+// library builds it for every arch it ships (sm_90 and sm_120).
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "../combine/launch.cuh"
+#include "../common/launch.h"
+#include "../common/launch_plan.h"
+#include "kernel.cuh"
+#include "launch.h"
+
+namespace kdtree {
+namespace portable {
+namespace {
+
+using Cfg = PortableConfig;
+constexpr int kSmemBytes = SmemLayout<Cfg>::kBytes;
+using Kernel = void (*)(KdtreeVerifyParams);
+const Kernel kKernels[] = {verify_attention_kernel<Cfg>};
+KernelFamily<Kernel, 1> g_kernels("the portable verify kernel", "", kSmemBytes, kKernels);
+
+}  // namespace
+
+static_assert(kRowsPerTile == Cfg::kM, "portable/launch.h and the kernel disagree on the row tile");
+
+int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t err_len) {
+  int row_tiles = 0;
+  int rc = g_kernels.prepare(p, Cfg::kM, row_tiles, err, err_len);
+  if (rc != KDTREE_OK) return rc;
+  const dim3 grid(row_tiles, p.num_splits, p.batch);
+  verify_attention_kernel<Cfg><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
+  rc = g_kernels.launched(grid, err, err_len);
+  if (rc != KDTREE_OK) return rc;
+  if (p.num_splits > 1) {
+    const cudaError_t e = launch_combine<Cfg>(p, row_tiles, stream);
+    if (e != cudaSuccess)
+      return report(KDTREE_ERR_CUDA, err, err_len, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
+  }
+  return KDTREE_OK;
+}
+
+int probe(int device, char* msg, size_t msg_len) {
+  cudaFuncAttributes attr;
+  const int rc = g_kernels.probe(device, attr, msg, msg_len);
+  if (rc != KDTREE_OK) return rc;
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, device);
+  snprintf(msg, msg_len,
+           "device %d (%s, compute capability %d.%d): kernel binary sm_%d, %d registers/thread, %d B static + %d B "
+           "dynamic shared memory, %d local bytes",
+           device, prop.name, prop.major, prop.minor, attr.binaryVersion, attr.numRegs,
+           static_cast<int>(attr.sharedSizeBytes), kSmemBytes, static_cast<int>(attr.localSizeBytes));
+  return KDTREE_OK;
+}
+
+}  // namespace portable
+}  // namespace kdtree

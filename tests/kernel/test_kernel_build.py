@@ -1,0 +1,308 @@
+"""The kernel library builds on a CPU machine (nvcc only) for sm_90 and sm_120, with no register
+spills on sm_120, the shared memory within sm_120's limit (a static_assert in the source), and a
+C ABI that matches kdtree_backend/kernel/abi.py. Runs in CI; skipped where nvcc is absent."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from kdtree_backend.kernel import abi
+from kdtree_backend.kernel import build
+
+pytestmark = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not on PATH")
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lib") / abi.LIB_FILENAME
+    return build.build(out, check=True)
+
+
+def test_both_archs_in_the_fat_binary(report):
+    assert report.archs == (90, 120)
+    archs = build.elf_archs(report.path)
+    if archs is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to list the fat binary")
+    assert {90, 120} <= set(archs)
+
+
+def test_no_spills_on_sm120_and_every_kernel_reported(report):
+    kernels = {(r.arch, "verify_attention" in r.kernel) for r in report.resources}
+    assert {(90, True), (120, True), (90, False), (120, False)} <= kernels
+    assert report.problems() == []
+    sm120 = [r for r in report.resources if r.arch == 120]
+    assert all(r.spill_loads == r.spill_stores == r.stack_bytes == 0 for r in sm120)
+
+
+def test_hopper_kernel_built_for_sm90a_without_spills_or_wgmma_serialisation(report):
+    # Two instantiations (h13): the scales folded into the softmax (what SGLang's positive scales
+    # run) and applied as given (zero, negative or extreme scales).
+    hopper = [r for r in report.resources if "hopper" in r.kernel and "verify_attention" in r.kernel]
+    assert len(hopper) == 2 and {r.arch for r in hopper} == {90}
+    assert {"ILb0E" in r.kernel for r in hopper} == {True, False}
+    assert all(r.spill_stores == r.spill_loads == r.stack_bytes == 0 for r in hopper)
+    assert "Compiling entry function '_ZN6kdtree6hopper30verify_attention_hopper_kernel" in report.ptxas_log
+    assert "for 'sm_90a'" in report.ptxas_log
+    # ptxas serialises wgmma (and warns) when accumulators are touched while in flight.
+    assert "wgmma" not in report.ptxas_log.lower().replace("wgmma_", "")
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    plan = abi.VerifyPlan()
+    assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
+    # h29: one wave of CTAs planned (2 row tiles: 66 splits); the split length is the device's (0).
+    assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.num_splits == 66
+    assert plan.min_keys_per_split == 0
+    assert lib.kdtree_verify_plan(1, 8, 8, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
+    assert plan.row_tiles == 1 and plan.num_splits == 66  # at most half the SMs' worth of splits (h29b)
+    assert lib.kdtree_verify_plan(8, 8, 8, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
+    assert plan.row_tiles == 1 and plan.num_splits == 16  # 8 row tiles: the whole GPU (h4 -> h5)
+
+
+def test_compiler_reports_no_warnings(report):
+    """nvcc's front end warns about what a refactor leaves behind (unused variables, narrowing);
+    the build log must stay clean so a new warning is seen."""
+    warnings = [line for line in report.ptxas_log.splitlines() if "warning" in line.lower()]
+    assert warnings == []
+
+
+def test_sm120_only_build_has_no_hopper_kernel_and_says_so(tmp_path):
+    rep = build.build(tmp_path / abi.LIB_FILENAME, archs=(120,))
+    assert not any("hopper" in r.kernel for r in rep.resources)
+    lib = ctypes.CDLL(str(rep.path))
+    abi.declare_signatures(lib)
+    rc = lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_HOPPER, ctypes.byref(abi.VerifyPlan()))
+    assert rc != 0 and "without the Hopper kernel" in lib.kdtree_error_string(rc).decode()
+
+
+def test_generated_wgmma_wrappers_are_up_to_date():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(build.PACKAGE_DIR).parent
+    spec = importlib.util.spec_from_file_location("gen_wgmma", root / "tools" / "gen_wgmma.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    header = build.CSRC_DIR / "hopper" / "wgmma_ops.cuh"
+    assert gen.OUTPUT == header
+    assert header.read_text() == gen.render(), (
+        "csrc/hopper/wgmma_ops.cuh is stale: run `python tools/gen_wgmma.py > kdtree_backend/kernel/csrc/hopper/wgmma_ops.cuh`")
+
+
+def test_c_abi_matches_python_mirror(report):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    assert lib.kdtree_abi_version() == abi.ABI_VERSION
+    assert lib.kdtree_built_archs().decode() == "90,120"
+    # kdtree_api.cu static_asserts the same sizes on the C side.
+    assert ctypes.sizeof(abi.VerifyParams) == 184
+    assert ctypes.sizeof(abi.VerifyPlan) == 32
+    for name in abi.REQUIRED_SYMBOLS:
+        assert hasattr(lib, name)
+
+
+def test_abi_constants_mirror_the_header():
+    """abi.py's ABI version and largest draft count are kdtree_api.h's (the ids and sizes are checked
+    against the built library above)."""
+    import re
+
+    header = (build.CSRC_DIR / "kdtree_api.h").read_text()
+    assert int(re.search(r"#define KDTREE_ABI_VERSION (\d+)", header).group(1)) == abi.ABI_VERSION == 2
+    assert int(re.search(r"#define KDTREE_MAX_QO_LEN (\d+)", header).group(1)) == abi.MAX_QO_LEN
+    ids = dict(re.findall(r"(KDTREE_CONFIG_\w+) = (\d+)", header))
+    assert ids == {"KDTREE_CONFIG_PORTABLE": "0", "KDTREE_CONFIG_RESERVED_1": "1", "KDTREE_CONFIG_HOPPER": "2"}
+    assert (abi.CONFIG_PORTABLE, abi.CONFIG_HOPPER) == (0, 2) and 1 not in abi.CONFIG_NAMES  # rows32's id stays unused
+
+
+def test_plan_refuses_draft_counts_above_the_abi_limit(report):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    for config in (abi.CONFIG_PORTABLE, abi.CONFIG_HOPPER):
+        assert lib.kdtree_verify_plan(1, 8, abi.MAX_QO_LEN, 132, config, ctypes.byref(abi.VerifyPlan())) == 0
+        rc = lib.kdtree_verify_plan(1, 8, abi.MAX_QO_LEN + 1, 132, config, ctypes.byref(abi.VerifyPlan()))
+        assert rc != 0 and f"not in [1, {abi.MAX_QO_LEN}]" in lib.kdtree_error_string(rc).decode()
+
+
+@pytest.mark.parametrize("config", [abi.CONFIG_PORTABLE, abi.CONFIG_HOPPER])
+def test_requested_splits_are_planned_with_their_workspace(report, config):
+    """KDTREE_NUM_SPLITS / KDTREE_MIN_KEYS_PER_SPLIT reach the plan as its inputs, and the plan alone
+    sizes the workspace for them (ops.py no longer re-derives it)."""
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    plan = abi.VerifyPlan(requested_splits=8, requested_min_keys_per_split=128)
+    assert lib.kdtree_verify_plan(32, 16, 64, 132, config, ctypes.byref(plan)) == 0  # would plan 1 split
+    assert plan.num_splits == 8 and plan.min_keys_per_split == 128 and plan.row_tiles == 16
+    assert plan.workspace_bytes == 32 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4
+    plan = abi.VerifyPlan(requested_splits=1)
+    assert lib.kdtree_verify_plan(1, 8, 16, 132, config, ctypes.byref(plan)) == 0  # would plan 33-66
+    assert plan.num_splits == 1 and plan.workspace_bytes == 0
+    for bad, needle in [(dict(requested_splits=129), "requested_splits 129"), (dict(requested_splits=-1), "requested_splits -1"),
+                        (dict(requested_min_keys_per_split=-64), "requested_min_keys_per_split -64")]:
+        rc = lib.kdtree_verify_plan(1, 8, 16, 132, config, ctypes.byref(abi.VerifyPlan(**bad)))
+        assert rc != 0 and needle in lib.kdtree_error_string(rc).decode()
+
+
+def test_plan_is_host_only_and_covers_the_gpu(report):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    plan = abi.VerifyPlan()
+    # One request, Kimi K2 at TP8 (H=8, 16 drafts): 2 row tiles, split so ~every SM has work.
+    assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
+    assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.min_keys_per_split == 64
+    assert plan.row_tiles * plan.num_splits <= 132 < plan.row_tiles * (plan.num_splits + 1)
+    assert plan.workspace_bytes == 1 * plan.num_splits * 2 * 64 * (512 + 1) * 4
+    # A batch that already fills the GPU is not split and needs no workspace.
+    assert lib.kdtree_verify_plan(32, 16, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
+    assert plan.num_splits == 1 and plan.workspace_bytes == 0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [((0, 8, 16, 132, 0), "batch 0"), ((1, 0, 16, 132, 0), "num_heads 0"), ((1, 8, 0, 132, 0), "max_qo_len 0"),
+     ((1, 8, 16, 132, 7), "configuration 7")],
+)
+def test_bad_plan_arguments_are_named(report, args, needle):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    rc = lib.kdtree_verify_plan(*args, ctypes.byref(abi.VerifyPlan()))
+    assert rc != 0
+    assert needle in lib.kdtree_error_string(rc).decode()
+
+
+def test_run_rejects_null_pointers_before_touching_the_gpu(report):
+    lib = ctypes.CDLL(str(report.path))
+    abi.declare_signatures(lib)
+    params = abi.VerifyParams()
+    rc = lib.kdtree_verify_run(ctypes.byref(params), None)
+    assert rc != 0 and "NULL" in lib.kdtree_error_string(rc).decode()
+
+
+def _sm90a_sass(report):
+    """The library's sm_90a SASS: per function (mangled name), its instruction lines, each cut at
+    its ';' (the encoding comments dropped)."""
+    import subprocess  # noqa: PLC0415
+
+    tool = build.find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to read the SASS")
+    sass = subprocess.run([tool, "-sass", "-arch", "sm_90a", str(report.path)], capture_output=True, text=True,
+                          check=True).stdout
+    functions = {}
+    for body in sass.split("Function : ")[1:]:
+        name, _, rest = body.partition("\n")
+        functions[name.strip()] = [ln.split(";")[0] for ln in rest.splitlines() if "/*" in ln and ";" in ln]
+    return functions
+
+
+def _hopper_kernel_sass(report):
+    """The instruction lines of the library's two Hopper verify kernels (both instantiations)."""
+    hopper = [v for k, v in _sm90a_sass(report).items() if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
+    assert len(hopper) == 2
+    return hopper
+
+
+def test_hopper_qk_issue_uses_uniform_descriptors(report):
+    """h18: the role branches are warp-uniform to ptxas (the warpgroup index comes from a warp
+    reduction), so QK^T's K descriptor stays in uniform registers. A role index ptxas sees as
+    divergent brings back two R2UR before every QK^T wgmma (~7.5 instructions per wgmma, 239
+    registers, 1.3% slower on the GPU)."""
+    for lines in _hopper_kernel_sass(report):
+        qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
+        assert len(qk) == 36, "one QK^T block of 36 m64n64k16 wgmmas"
+        between = [ln.strip() for ln in lines[qk[0]:qk[-1]] if "R2UR" in ln]
+        assert between == [], f"QK^T descriptors moved from regular registers: {between[:4]}"
+
+
+def test_hopper_pv_starts_under_the_softmax(report):
+    """h34: WG0 issues its PV of the tile's first 32 keys (wgmma m64n256k16 with P from registers)
+    before the exp2s of the last 32 keys are done, the one overlap of tensor work with the softmax
+    that measured faster (0.98-0.99). If a refactor lets ptxas put every exp2 in front of the PV
+    again, the kernel is ~1.5% slower with nothing failing; this keeps the order in the SASS."""
+    for lines in _hopper_kernel_sass(report):
+        qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
+        # WG0's PV: P (A) from registers, so its second operand is a register, not a descriptor.
+        pv = [i for i, ln in enumerate(lines) if "HGMMA.64x256x16" in ln and i > qk[-1]
+              and ln.split("HGMMA.64x256x16")[1].split(",")[1].strip().startswith("R")]
+        assert len(pv) == 4, "WG0's four PV k16 steps, A from registers"
+        exp2 = [i for i in range(qk[-1], pv[-1]) if "MUFU.EX2" in lines[i]]
+        assert len(exp2) >= 32, "the tile's 32 exp2s a thread sit between QK^T and the last PV step"
+        assert pv[0] < exp2[-1], "the first PV step is issued before the softmax's last exp2"
+
+
+def test_hopper_split_combine_is_a_programmatic_dependent(report):
+    """h39b: each Hopper verify CTA triggers its dependents once its tile loop is done
+    (griddepcontrol.launch_dependents, SASS PREEXIT), and the combine launched as their programmatic
+    dependent (2-4-split plans) waits for the verify grid (griddepcontrol.wait, SASS ACQBULK) before it
+    reads the partials; only the request's indices are loaded ahead. Without the trigger the merge
+    would start only when the verify kernel exits (the 2-5.5% it measured gone, nothing failing);
+    without the wait it would read partials still being written."""
+    functions = _sm90a_sass(report)
+    for lines in _hopper_kernel_sass(report):
+        assert sum("PREEXIT" in ln for ln in lines) == 1, "one trigger per verify kernel"
+    combine = {k: v for k, v in functions.items() if k.startswith("_ZN6kdtree21combine_splits_kernelINS_6hopper")}
+    pdl = [v for k, v in combine.items() if k.endswith("ELb1EEEv18KdtreeVerifyParamsi")]
+    plain = [v for k, v in combine.items() if k.endswith("ELb0EEEv18KdtreeVerifyParamsi")]
+    assert len(pdl) == 1 and len(plain) == 2, sorted(combine)
+    waits = [i for i, ln in enumerate(pdl[0]) if "ACQBULK" in ln]
+    assert len(waits) == 1
+    ahead = [ln for ln in pdl[0][:waits[0]] if "LDG" in ln]
+    assert len(ahead) <= 8, f"only the request's indices (int32 or int64) are read before the wait: {ahead}"
+    assert sum("LDG" in ln for ln in pdl[0][waits[0]:]) >= 8, "the lse and partials are read after it"
+    assert all(not any("ACQBULK" in ln for ln in v) for v in plain), "an ordinary launch has nothing to wait for"
+
+
+def test_release_sources_have_no_experiment_switches():
+    """The release kernels carry no A/B compile switches (they were removed: issue 22): the only
+    preprocessor conditionals in csrc/ are the product variant (KDTREE_WITH_HOPPER), arch guards
+    (__CUDA_ARCH__), the C header's __cplusplus, the build-provided strings of the C API, and the
+    diagnostics build's one header (common/profiler.cuh)."""
+    import re
+
+    allowed = {"KDTREE_WITH_HOPPER", "__CUDA_ARCH__", "__cplusplus"}
+    per_file = {"kdtree_api.cu": {"KDTREE_BUILT_ARCHS", "KDTREE_LIBRARY_VERSION"}, "common/profiler.cuh": {"KDTREE_PROFILER"}}
+    found = {}
+    for path in build.source_files():
+        rel = path.relative_to(build.CSRC_DIR).as_posix()
+        for line in path.read_text().splitlines():
+            m = re.match(r"\s*#\s*(if|ifdef|ifndef|elif)\b(.*)", line)
+            if m:
+                names = set(re.findall(r"[A-Za-z_]\w*", m.group(2))) - {"defined"}
+                bad = names - allowed - per_file.get(rel, set())
+                if bad:
+                    found.setdefault(rel, set()).update(bad)
+    assert found == {}
+    text = "".join(p.read_text() for p in build.source_files())
+    for gone in ("KDTREE_NO_SCORE_FOLD", "KDTREE_Q_CP_ASYNC", "KDTREE_NO_COMBINE_PDL", "KDTREE_WG1_ALWAYS_RESCALE",
+                 "KDTREE_NO_MASK_PREFETCH", "KDTREE_PV_SPLIT", "KDTREE_Q_HALF_LINES", "KDTREE_PROLOGUE_TWO_TILES",
+                 "KDTREE_REGISTER_EPILOGUE", "KDTREE_EXP2_EXACT", "KDTREE_SPLIT_PLAN_ONE_WAVE",
+                 "KDTREE_EXPERIMENTAL_CONFIGS", "KDTREE_TIMELINE", "Rows32", "ROWS32"):
+        assert gone not in text, gone
+
+
+def test_profiler_build_exports_its_reader_and_the_release_build_does_not(report, tmp_path):
+    """bench/diag/timeline.py reads the per-CTA milestone stamps through kdtree_timeline_copy, which only the
+    diagnostics build (`--profiler`, common/profiler.cuh) has; a release library must not carry it."""
+    diag = build.build(tmp_path / abi.LIB_FILENAME, archs=(90,), profiler=True)
+    assert "-DKDTREE_PROFILER" in diag.command
+    assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_timeline_copy")
+    hopper = [r for r in diag.resources if "verify_attention_hopper" in r.kernel]
+    assert len(hopper) == 2 and all(r.spill_stores == r.spill_loads == 0 for r in hopper)
+    assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_timeline_copy")
+    assert "-DKDTREE_PROFILER" not in report.command
+
+
+def test_profiler_record_layout_is_what_bench_timeline_reads():
+    """The stamp record (slots a CTA, CTAs kept, the milestone slots) is the contract with
+    bench/diag/timeline.py, which reads the library's buffer with these numbers."""
+    import re
+    from pathlib import Path
+
+    header = (build.CSRC_DIR / "common" / "profiler.cuh").read_text()
+    slots = int(re.search(r"kProfilerSlots = (\d+);", header).group(1))
+    ctas = int(re.search(r"kProfilerMaxCtas = (\d+);", header).group(1))
+    milestones = {int(v): k for k, v in re.findall(r"(k\w+) = (\d+),\s*//", header)}
+    assert (slots, ctas) == (12, 8192) and sorted(milestones) == list(range(9))
+    readers = sorted((Path(build.PACKAGE_DIR).parent / "bench").rglob("timeline.py"))
+    for timeline in readers:  # bench/diag/timeline.py (bench/ is not shipped with the package)
+        m = re.search(r"^SLOTS, CTAS = (\d+), (\d+)", timeline.read_text(), re.M)
+        assert m and (int(m.group(1)), int(m.group(2))) == (slots, ctas), timeline
