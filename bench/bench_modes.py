@@ -1,46 +1,42 @@
 """Overhead of KDTREE_VERIFY=off / validate / on per `TritonAttnBackend.forward_extend` call (GPU).
 
-SGLang's real Triton backend (built with its test kit, like tests/gpu/test_backend_gpu.py), a
+SGLang's real Triton backend (built with its test kit, like tests/sglang/test_backend_gpu.py), a
 TARGET_VERIFY batch, and `LAYERS` forward_extend calls captured in ONE CUDA graph (the way a
 model's layers are), replayed `iters` times; before each replay the step's out-of-graph work
 runs as in production (`init_forward_metadata_out_graph`, which in validate also runs the
-host side of the stats ring). Also times eager calls (hook Python included). Prints a table;
-`bench()` returns it as a dict. Runs in well under a minute on an H200.
+host side of the stats ring). Also times eager calls (hook Python included): the wall time per
+call (GPU work included) and the host time per call (issuing one step's calls on an idle GPU, no
+synchronisation inside), and from them the host time our Python adds per call in each mode:
+`host_added_us` = eager host time per call in off / validate / on minus stock's (no hook), and
+`eager_wall_added_us` the same for the wall time. Prints a table per batch size; `bench()` returns
+them as a dict. Under a minute per batch size on an H200 (2k prefixes; bs 128 fits easily).
 
-    PYTHONPATH=/tmp/site:.whl/placeholder:$PWD python3 bench/bench_modes.py [--heads 8 --bs 8 \
+    PYTHONPATH=/tmp/site:.whl/placeholder:$PWD python3 bench/bench_modes.py [--heads 8 --bs 8,128 \
         --draft 4 --prefix 2048 --kind tree --json out.json]
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from kdtree_backend.testing import scene
+
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = 8
-
-
-def _scene_module():
-    # The scene imports its shared helpers from tests/conftest.py, which pytest makes importable by
-    # putting tests/ on sys.path; do the same here (without it this script failed to start).
-    tests_dir = str(ROOT / "tests")
-    if tests_dir not in sys.path:
-        sys.path.insert(0, tests_dir)
-    spec = importlib.util.spec_from_file_location("_kdtree_backend_gpu_scene", ROOT / "tests" / "gpu" / "test_backend_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+MODES = (("stock", "stock", 1.0), ("off", "off", 1.0), ("validate", "validate", 1.0),
+         ("validate@0.25", "validate", 0.25), ("on", "on", 1.0))
 
 
 def _install_hook():
+    """The hook installed once for the whole run (HookRegistry's AROUND shape); returns the original."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    from kdtree_backend import hook
+    from kdtree_backend.sglang import hook
 
     orig = TritonAttnBackend.forward_extend
     if getattr(orig, "__kdtree_bench__", False):
@@ -53,15 +49,6 @@ def _install_hook():
     wrapper.__kdtree_bench__ = True
     TritonAttnBackend.forward_extend = wrapper
     return orig
-
-
-def _set_mode(mode: str, sample_rate: float = 1.0):
-    from kdtree_backend import hook, logs, shadow
-    from kdtree_backend.config import Mode
-
-    logs.reset_for_tests()
-    shadow.reset_for_tests()
-    hook.reset_for_tests(mode=Mode(mode), settings=shadow.Settings(sample_rate=sample_rate))
 
 
 def _us_per_layer_call(run_step, n: int) -> tuple:
@@ -81,13 +68,25 @@ def _us_per_layer_call(run_step, n: int) -> tuple:
     return e0.elapsed_time(e1) * 1e3 / (n * LAYERS), wall
 
 
-def _one(mod, original, mode, *, heads, bs, draft, prefix, kind, iters, sample_rate=1.0):
-    from kdtree_backend import shadow
+def _host_us_per_layer_call(run_step, n: int) -> float:
+    """Host time to issue one step's LAYERS calls on an idle GPU (synchronised before, not inside),
+    median over n steps, per call: the Python and launch cost, not the kernels'."""
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run_step()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) / LAYERS * 1e6
 
-    mod.H = heads
+
+def _one(original, mode, *, heads, bs, draft, prefix, kind, iters, sample_rate=1.0):
+    from kdtree_backend.sglang import shadow
+
     stock = mode == "stock"
-    _set_mode("off" if stock else mode, sample_rate)
-    sc = mod.Scene(bs=bs, D=draft, kind=kind, graph=True, max_context_len=prefix + draft + 8, seed=1)
+    scene.set_mode("off" if stock else mode, sample_rate=sample_rate)
+    sc = scene.Scene(bs=bs, D=draft, kind=kind, heads=heads, graph=True, max_context_len=prefix + draft + 8, seed=1)
     sc.backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * draft)
     sc.load([1] * bs)
     with sc.ctx_():
@@ -118,59 +117,91 @@ def _one(mod, original, mode, *, heads, bs, draft, prefix, kind, iters, sample_r
     # eager: metadata once, then forward_extend calls (hook Python + kernels)
     sc.init_eager()
     eager_gpu, eager_wall = _us_per_layer_call(step, max(5, iters // 4))
+    eager_host = _host_us_per_layer_call(step, max(5, iters // 4))
     published = shadow.flush_all() if mode == "validate" else 0
     del g
     return {"graph_us_per_call_gpu": gpu, "graph_us_per_call_wall": wall,
             "eager_us_per_call_gpu": eager_gpu, "eager_us_per_call_wall": eager_wall,
-            "validations_published": published}
+            "eager_us_per_call_host": eager_host, "validations_published": published}
+
+
+def add_comparisons(rows: dict) -> dict:
+    """Each mode against off (graph GPU time, eager wall time) and against stock: the host time and
+    the eager wall time per call that our hook adds (stock runs SGLang's forward_extend unwrapped)."""
+    base, stock = rows["off"], rows["stock"]
+    for r in rows.values():
+        r["graph_gpu_vs_off"] = r["graph_us_per_call_gpu"] / base["graph_us_per_call_gpu"]
+        r["eager_wall_vs_off"] = r["eager_us_per_call_wall"] / base["eager_us_per_call_wall"]
+        r["host_added_us"] = r["eager_us_per_call_host"] - stock["eager_us_per_call_host"]
+        r["eager_wall_added_us"] = r["eager_us_per_call_wall"] - stock["eager_us_per_call_wall"]
+    return rows
+
+
+def format_table(cfg: dict, rows: dict) -> str:
+    cols = (("graph gpu us", "graph_us_per_call_gpu", "13.1f"), ("graph wall us", "graph_us_per_call_wall", "14.1f"),
+            ("eager gpu us", "eager_us_per_call_gpu", "13.1f"), ("eager wall us", "eager_us_per_call_wall", "14.1f"),
+            ("eager host us", "eager_us_per_call_host", "14.1f"), ("+host vs stock", "host_added_us", "15.1f"),
+            ("+wall vs stock", "eager_wall_added_us", "15.1f"), ("graph x off", "graph_gpu_vs_off", "12.2f"),
+            ("eager x off", "eager_wall_vs_off", "12.2f"))
+    lines = [f"forward_extend per call, {cfg}",
+             f"{'mode':14}" + "".join(f"{h:>{int(spec.split('.')[0])}}" for h, _, spec in cols)]
+    for name, r in rows.items():
+        lines.append(f"{name:14}" + "".join(f"{r[key]:{spec}}" for _, key, spec in cols))
+    return "\n".join(lines)
 
 
 def bench(heads=8, bs=8, draft=4, prefix=2048, kind="tree", iters=50, candidate=None) -> dict:
-    """Time stock / off / validate (rate 1 and 0.25) / on. `candidate` overrides the kernel."""
+    """Time stock / off / validate (rate 1 and 0.25) / on at one batch size. `candidate`
+    overrides the kernel."""
     import warnings
 
     warnings.filterwarnings("ignore")
-    from kdtree_backend import hook
+    from kdtree_backend.sglang import hook
 
-    mod = _scene_module()
     original = _install_hook()
     hook.set_candidate(candidate)
     rows = {}
     try:
-        for name, mode, rate in [("stock", "stock", 1.0), ("off", "off", 1.0), ("validate", "validate", 1.0),
-                                 ("validate@0.25", "validate", 0.25), ("on", "on", 1.0)]:
-            rows[name] = _one(mod, original, mode, heads=heads, bs=bs, draft=draft, prefix=prefix, kind=kind,
+        for name, mode, rate in MODES:
+            rows[name] = _one(original, mode, heads=heads, bs=bs, draft=draft, prefix=prefix, kind=kind,
                               iters=iters, sample_rate=rate)
     finally:
         hook.set_candidate(None)
-    base = rows["off"]
-    for r in rows.values():
-        r["graph_gpu_vs_off"] = r["graph_us_per_call_gpu"] / base["graph_us_per_call_gpu"]
-        r["eager_wall_vs_off"] = r["eager_us_per_call_wall"] / base["eager_us_per_call_wall"]
+    add_comparisons(rows)
     cfg = dict(heads=heads, bs=bs, draft=draft, prefix=prefix, kind=kind, iters=iters, layers=LAYERS,
                device=torch.cuda.get_device_name())
-    print(f"\nforward_extend per call, {cfg}")
-    print(f"{'mode':14} {'graph gpu us':>13} {'graph wall us':>14} {'eager gpu us':>13} {'eager wall us':>14} {'graph x off':>11} {'eager x off':>11}")
-    for name, r in rows.items():
-        print(f"{name:14} {r['graph_us_per_call_gpu']:13.1f} {r['graph_us_per_call_wall']:14.1f} "
-              f"{r['eager_us_per_call_gpu']:13.1f} {r['eager_us_per_call_wall']:14.1f} "
-              f"{r['graph_gpu_vs_off']:11.2f} {r['eager_wall_vs_off']:11.2f}")
+    print("\n" + format_table(cfg, rows), flush=True)
     return {"config": cfg, "modes": rows}
+
+
+def parse_bs(text: str) -> list:
+    """"8,128" -> [8, 128]."""
+    vals = [int(x) for x in text.split(",") if x.strip()]
+    if not vals or min(vals) < 1:
+        raise ValueError(f"--bs wants batch sizes >= 1, got {text!r}")
+    return vals
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--bs", type=int, default=8)
+    ap.add_argument("--bs", default="8", help="batch size(s), comma-separated: 8,128 runs both")
     ap.add_argument("--draft", type=int, default=4)
-    ap.add_argument("--prefix", type=int, default=2048)
+    ap.add_argument("--prefix", type=int, default=2048, help="prefix length of every request (sizes the pool)")
     ap.add_argument("--kind", choices=["tree", "chain"], default="tree")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
-    res = bench(a.heads, a.bs, a.draft, a.prefix, a.kind, a.iters)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=2))
+    try:
+        sizes = parse_bs(a.bs)
+    except ValueError as e:
+        ap.error(str(e))
+    res = {"by_bs": {}}
+    for bs in sizes:
+        res["by_bs"][str(bs)] = bench(a.heads, bs, a.draft, a.prefix, a.kind, a.iters)
+        if a.json:  # after every batch size: a run cut short keeps what it measured
+            Path(a.json).write_text(json.dumps(res, indent=2))
+    return res
 
 
 if __name__ == "__main__":

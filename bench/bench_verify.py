@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Benchmark: our TARGET_VERIFY kernel against SGLang's Triton kernels and FlashMLA, in one run.
 
-    python bench/bench_verify.py [--quick] [--skip-triton] [--only ours[,flashmla,...]] [--out PATH]
+    python bench/bench_verify.py [--grid main|ddtree|customer|quick[,...]] [--paths hopper,portable]
+                                 [--skip-triton] [--only ours[,flashmla,...]] [--out PATH]
 
-1. Ceilings, measured first in the same run: device-to-device copy bandwidth (bytes read +
-   written) and the bf16 8192^3 torch.matmul rate, on random data.
-2. For every shape of the grid (H in {8,16} x n in {16,64} x L in {1k,8k,32k} x B in {1,8,32},
-   plus n=8 with H=8: 45 shapes) it times, with CUDA-graph replay and the median of many replays:
-     ours        kdtree_backend.ops.verify_attention, random tree mask (uint8 FULL_MASK, int64
-                 qo_indptr: SGLang's CUDA-graph inputs), scattered page-size-1 slots
+1. Ceilings, measured first in the same process: device-to-device copy bandwidth (bytes read +
+   written), the bf16 8192^3 torch.matmul rate, and the mma.sync peak (bench/diag/mma_peak.cu,
+   compiled with nvcc at run time: bf16 m16n8k16, fp32 accumulate, registers only), the ceiling
+   of the portable path's instruction.
+2. For every shape of the grid it times, with CUDA-graph replay and the median of many replays:
+     ours        kdtree_backend.kernel.ops.verify_attention, random tree mask (uint8 FULL_MASK, int64
+                 qo_indptr: SGLang's CUDA-graph inputs), scattered page-size-1 slots; with
+                 --paths, each kernel path in turn (KDTREE_KERNEL set around its capture)
      triton      SGLang 0.5.23 extend_attention_fwd, same tree inputs, called as
                  TritonAttnBackend.forward_extend calls it
-     verify_mla  SGLang verify_shared_kv_fwd (Triton, grouped-head split-KV), causal chain
+     verify_mla  SGLang verify_shared_kv_fwd (Triton, grouped-head split-KV), causal chain; not
+                 run past 64 drafts (its kernel needs more shared memory than the GPU has)
      flashmla    FlashMLA dense decode (sgl-flash-mla, legacy SM90 kernels), causal chain, bf16
                  cache in 64-token pages scattered at random
    When the data of one call is small, each graph replays K calls over K distinct input sets so
@@ -19,9 +23,9 @@
    Each shape also checks correctness on its first request against the float64 reference
    (tree for ours/Triton, chain for verify_mla/FlashMLA).
 3. Per shape: times (us), speedup vs Triton, ratio vs FlashMLA, achieved TB/s and TFLOP/s and
-   % of roofline, with bytes = B*(L+n)*576*2 + B*n*H*576*2 + B*n*H*512*2 and
+   % of roofline and of each ceiling, with bytes = B*(L+n)*576*2 + B*n*H*576*2 + B*n*H*512*2 and
    FLOPs = 2*B*n*H*(L+n)*(576+512); roofline = max(bytes/copy ceiling, FLOPs/matmul ceiling).
-   Geometric means and the "done when" checks of issue 3.
+   Geometric means per kernel path and per grid, and the "done when" checks of issue 3.
 Writes JSON to bench/results/<date>-<gpu>-<shortcommit>.json (or --out) after every shape, and
 a PNG next to it through bench/plot.py (also runnable alone: python bench/plot.py RESULT.json).
 """
@@ -29,7 +33,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import ctypes
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -39,6 +46,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -49,6 +57,8 @@ if str(ROOT) not in sys.path:
 QK, DV = 576, 512
 PAGE_FLASHMLA = 64
 IMPLS = ("ours", "triton", "verify_mla", "flashmla")
+KERNEL_PATHS = ("hopper", "portable")
+VERIFY_MLA_MAX_N = 64  # verify_shared_kv_fwd is not run past this (minutes of compiling, then OutOfResources)
 Shape = collections.namedtuple("Shape", "B H n L")
 
 MAIN_HN = ((8, 16), (8, 64), (16, 16), (16, 64))
@@ -57,12 +67,18 @@ L_VALUES = (1024, 8192, 32768)
 B_VALUES = (1, 8, 32)
 QUICK = (Shape(1, 8, 16, 1024), Shape(1, 8, 16, 32768), Shape(8, 8, 16, 8192), Shape(32, 16, 64, 8192),
          Shape(8, 16, 16, 32768), Shape(32, 8, 8, 32768))
+# DDTree verification (issues 25, 26): wide draft trees of 33-257 tokens over long prefixes.
+DDTREE_H, DDTREE_N, DDTREE_L = (8, 16), (33, 65, 129, 257), (8192, 32768)
+CUSTOMER_H, CUSTOMER_N = (8,), (65, 129, 257)  # the customer's model: 8 heads per GPU
+GRIDS = ("main", "ddtree", "customer", "quick")
 LARGE_BL = 256 * 1024  # "large shapes": B*L >= 256k
+CHECK_TOL = 2e-2  # relative error vs float64 at or above which a shape's result is an error
 DEVICE = "cuda"  # the CPU dry-run test points this at "cpu" with fake CUDA timers
+MMA_PEAK_SOURCE = ROOT / "bench" / "diag" / "mma_peak.cu"
 
 
 # ------------------------------------------------------------------------------------------
-# pure arithmetic (tested on the CPU: tests/test_reference_cpu.py)
+# pure arithmetic (tested on the CPU: tests/testing/test_reference_cpu.py)
 # ------------------------------------------------------------------------------------------
 def parse_shapes(text: str) -> list:
     """"B,H,n,L;B,H,n,L;..." -> shapes (for sweeps outside the issue grid, e.g. fixed-cost fits)."""
@@ -80,10 +96,32 @@ def parse_shapes(text: str) -> list:
     return shapes
 
 
-def build_grid(quick: bool = False) -> list:
-    if quick:
+def _grid(name: str) -> list:
+    if name == "main":  # issue 3: H x n in MAIN_HN, plus n = 8 with H = 8 (45 shapes)
+        return [Shape(B, H, n, L) for (H, n) in MAIN_HN + EXTRA_HN for L in L_VALUES for B in B_VALUES]
+    if name == "quick":
         return list(QUICK)
-    return [Shape(B, H, n, L) for (H, n) in MAIN_HN + EXTRA_HN for L in L_VALUES for B in B_VALUES]
+    if name == "ddtree":  # grouped by (H, n): each group compiles SGLang's Triton kernels once
+        return [Shape(B, H, n, L) for H in DDTREE_H for n in DDTREE_N for L in DDTREE_L for B in B_VALUES]
+    if name == "customer":
+        return [Shape(B, H, n, L) for H in CUSTOMER_H for n in CUSTOMER_N for L in DDTREE_L for B in B_VALUES]
+    raise ValueError(f"unknown grid {name!r}: choose from {', '.join(GRIDS)}")
+
+
+def build_grid(grid: str = "main", quick: bool = False) -> list:
+    """The shapes of one grid or of several ("main,ddtree"), in order, each shape once."""
+    names = ["quick"] if quick else [g.strip() for g in grid.split(",") if g.strip()]
+    if not names:
+        raise ValueError("no grid given")
+    shapes = []
+    for name in names:
+        shapes += [s for s in _grid(name) if s not in shapes]
+    return shapes
+
+
+def grids_of(s: Shape) -> list:
+    """The named grids (other than quick) that hold this shape."""
+    return [g for g in GRIDS if g != "quick" and s in _grid(g)]
 
 
 def shape_label(s: Shape) -> str:
@@ -99,6 +137,10 @@ def shape_flops(s: Shape) -> int:
     return 2 * s.B * s.n * s.H * (s.L + s.n) * (QK + DV)
 
 
+def is_large(s: Shape) -> bool:
+    return s.B * s.L >= LARGE_BL
+
+
 def roofline_us(s: Shape, ceil: dict) -> float:
     return max(shape_bytes(s) / (ceil["copy_tbps"] * 1e12), shape_flops(s) / (ceil["matmul_tflops"] * 1e12)) * 1e6
 
@@ -107,12 +149,14 @@ def metrics(s: Shape, t_us: float, ceil: dict) -> dict:
     t = t_us * 1e-6
     tbps = shape_bytes(s) / t / 1e12
     tflops = shape_flops(s) / t / 1e12
+    mma = ceil.get("mma_sync_tflops")
     return {
         "tbps": tbps,
         "tflops": tflops,
         "pct_roofline": 100.0 * roofline_us(s, ceil) / t_us,
         "pct_copy": 100.0 * tbps / ceil["copy_tbps"],
         "pct_matmul": 100.0 * tflops / ceil["matmul_tflops"],
+        "pct_mma_sync": 100.0 * tflops / mma if mma else None,
     }
 
 
@@ -120,8 +164,15 @@ def _shape_of(row) -> Shape:
     return Shape(**row["shape"])
 
 
-def finish_row(row: dict, ceil: dict) -> dict:
-    """Add derived numbers to a row holding 'shape' and 'times_us' {impl: us}."""
+def _ratio(t: dict, a: str, b: str):
+    return t[a] / t[b] if a in t and b in t else None
+
+
+def finish_row(row: dict, ceil: dict, paths=("ours",)) -> dict:
+    """Add derived numbers to a row holding 'shape' and 'times_us' {impl: us}. `paths` name the
+    entries of times_us that are our kernel ("ours", or one per kernel path: "hopper", ...);
+    row["paths"][p] holds each one's comparisons, and the row-level speedup_vs_triton and
+    ratio_vs_flashmla are the first path's."""
     s = _shape_of(row)
     t = {k: v for k, v in row.get("times_us", {}).items() if v is not None and v > 0 and math.isfinite(v)}
     row["label"] = shape_label(s)
@@ -129,9 +180,21 @@ def finish_row(row: dict, ceil: dict) -> dict:
     row["flops"] = shape_flops(s)
     row["roofline_us"] = roofline_us(s, ceil)
     row["metrics"] = {k: metrics(s, v, ceil) for k, v in t.items()}
-    row["speedup_vs_triton"] = t["triton"] / t["ours"] if "ours" in t and "triton" in t else None
-    row["ratio_vs_flashmla"] = t["ours"] / t["flashmla"] if "ours" in t and "flashmla" in t else None
-    row["triton_over_flashmla"] = t["triton"] / t["flashmla"] if "triton" in t and "flashmla" in t else None
+    row["paths"] = {}
+    for p in paths:
+        m = row["metrics"].get(p, {})
+        row["paths"][p] = {
+            "us": t.get(p),
+            "speedup_vs_triton": _ratio(t, "triton", p),
+            "ratio_vs_flashmla": _ratio(t, p, "flashmla"),
+            "pct_matmul": m.get("pct_matmul"),
+            "pct_mma_sync": m.get("pct_mma_sync"),
+            "time_vs_first_path": _ratio(t, p, paths[0]),
+        }
+    first = row["paths"][paths[0]]
+    row["speedup_vs_triton"] = first["speedup_vs_triton"]
+    row["ratio_vs_flashmla"] = first["ratio_vs_flashmla"]
+    row["triton_over_flashmla"] = _ratio(t, "triton", "flashmla")
     return row
 
 
@@ -140,52 +203,107 @@ def _geomean(xs):
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
-def summarize(rows: list, ceil: dict) -> dict:
-    sp = [r["speedup_vs_triton"] for r in rows if r.get("speedup_vs_triton")]
-    fr = [r["ratio_vs_flashmla"] for r in rows if r.get("ratio_vs_flashmla")]
-    main = [r for r in rows if (r["shape"]["H"], r["shape"]["n"]) in MAIN_HN]
-    large = [r for r in main if r["shape"]["B"] * r["shape"]["L"] >= LARGE_BL and "ours" in r.get("metrics", {})]
-    n8 = [r for r in rows if (r["shape"]["H"], r["shape"]["n"]) == (8, 8) and "ours" in r.get("metrics", {})]
-    n8_large = [r for r in n8 if r["shape"]["B"] * r["shape"]["L"] >= LARGE_BL]
+def _min(xs):
+    xs = [x for x in xs if x is not None]
+    return min(xs) if xs else None
+
+
+def _max(xs):
+    xs = [x for x in xs if x is not None]
+    return max(xs) if xs else None
+
+
+def _check(val, ok):
+    return None if val is None else bool(ok(val))
+
+
+def _path_summary(rows: list, p: str) -> dict:
+    """Issue 3's summary for one of our entries (a kernel path, or "ours")."""
+    def get(r, key):
+        return r.get("paths", {}).get(p, {}).get(key)
+
+    timed = [r for r in rows if p in r.get("metrics", {})]
+    sp = [get(r, "speedup_vs_triton") for r in rows if get(r, "speedup_vs_triton")]
+    fr = [get(r, "ratio_vs_flashmla") for r in rows if get(r, "ratio_vs_flashmla")]
+    main = [r for r in timed if (r["shape"]["H"], r["shape"]["n"]) in MAIN_HN]
+    large = [r for r in main if is_large(_shape_of(r))]
+    n8 = [r for r in timed if (r["shape"]["H"], r["shape"]["n"]) == (8, 8)]
+    n8_large = [r for r in n8 if is_large(_shape_of(r))]
 
     def pct(rs, key):
-        return {r["label"]: r["metrics"]["ours"][key] for r in rs}
+        return {r["label"]: r["metrics"][p][key] for r in rs if r["metrics"][p].get(key) is not None}
 
-    large_mm = pct(large, "pct_matmul")
-    n8_copy = pct(n8, "pct_copy")
-    n8_large_copy = pct(n8_large, "pct_copy")
+    large_mm, large_mma = pct(large, "pct_matmul"), pct(large, "pct_mma_sync")
+    n8_copy, n8_large_copy = pct(n8, "pct_copy"), pct(n8_large, "pct_copy")
     s = {
         "shapes": len(rows),
-        "shapes_with_ours": sum(1 for r in rows if "ours" in r.get("metrics", {})),
+        "shapes_with_ours": len(timed),
         "geomean_speedup_vs_triton": _geomean(sp),
-        "min_speedup_vs_triton": min(sp) if sp else None,
+        "min_speedup_vs_triton": _min(sp),
         "shapes_with_speedup": len(sp),
-        "geomean_speedup_vs_triton_main_grid": _geomean([r.get("speedup_vs_triton") for r in main]),
+        "geomean_speedup_vs_triton_main_grid": _geomean([get(r, "speedup_vs_triton") for r in main]),
         "geomean_ratio_vs_flashmla": _geomean(fr),
-        "max_ratio_vs_flashmla": max(fr) if fr else None,
+        "max_ratio_vs_flashmla": _max(fr),
         "shapes_with_flashmla_ratio": len(fr),
         "geomean_triton_over_flashmla": _geomean([r.get("triton_over_flashmla") for r in rows]),
         "large_shapes": len(large),
         "large_shapes_pct_matmul": large_mm,
-        "large_shapes_min_pct_matmul": min(large_mm.values()) if large_mm else None,
+        "large_shapes_min_pct_matmul": _min(large_mm.values()),
+        "large_shapes_pct_mma_sync": large_mma,
+        "large_shapes_min_pct_mma_sync": _min(large_mma.values()),
         "n8_h8_pct_copy": n8_copy,
-        "n8_h8_large_min_pct_copy": min(n8_large_copy.values()) if n8_large_copy else None,
-        "n8_h8_min_pct_copy": min(n8_copy.values()) if n8_copy else None,
-        "ceilings": ceil,
+        "n8_h8_large_min_pct_copy": _min(n8_large_copy.values()),
+        "n8_h8_min_pct_copy": _min(n8_copy.values()),
     }
-
-    def check(val, ok):
-        return None if val is None else bool(ok(val))
-
     s["done_when"] = {
-        "speedup_geomean_ge_10": check(s["geomean_speedup_vs_triton"], lambda v: v >= 10),
-        "speedup_min_ge_3": check(s["min_speedup_vs_triton"], lambda v: v >= 3),
-        "flashmla_ratio_le_1_6": check(s["geomean_ratio_vs_flashmla"], lambda v: v <= 1.6),
+        "speedup_geomean_ge_10": _check(s["geomean_speedup_vs_triton"], lambda v: v >= 10),
+        "speedup_min_ge_3": _check(s["min_speedup_vs_triton"], lambda v: v >= 3),
+        "flashmla_ratio_le_1_6": _check(s["geomean_ratio_vs_flashmla"], lambda v: v <= 1.6),
         # B*L >= 256k on the main grid (H in {8,16}, n in {16,64}): >= 55% of the matmul ceiling
-        "large_shapes_matmul_pct_ge_55": check(s["large_shapes_min_pct_matmul"], lambda v: v >= 55),
+        "large_shapes_matmul_pct_ge_55": _check(s["large_shapes_min_pct_matmul"], lambda v: v >= 55),
         # the memory-bound n=8, H=8 shapes with B*L >= 256k: >= 60% of the copy ceiling
-        "n8_h8_copy_pct_ge_60": check(s["n8_h8_large_min_pct_copy"], lambda v: v >= 60),
+        "n8_h8_copy_pct_ge_60": _check(s["n8_h8_large_min_pct_copy"], lambda v: v >= 60),
     }
+    return s
+
+
+def _grid_summary(rows: list, p: str) -> dict:
+    """One grid's line for one of our entries: the FlashMLA and Triton ratios and the mma.sync %."""
+    def col(key, rs=rows):
+        return [r.get("paths", {}).get(p, {}).get(key) for r in rs]
+
+    large = [r for r in rows if is_large(_shape_of(r))]
+    fr, sp = col("ratio_vs_flashmla"), col("speedup_vs_triton")
+    return {
+        "shapes_measured": sum(1 for r in rows if p in r.get("metrics", {})),
+        "geomean_ratio_vs_flashmla": _geomean(fr),
+        "max_ratio_vs_flashmla": _max(fr),
+        "geomean_speedup_vs_triton": _geomean(sp),
+        "min_speedup_vs_triton": _min(sp),
+        "large_shapes_min_pct_mma_sync": _min(col("pct_mma_sync", large)),
+        "max_pct_mma_sync": _max(col("pct_mma_sync")),
+        "large_shapes_min_pct_matmul": _min(col("pct_matmul", large)),
+    }
+
+
+def summarize(rows: list, ceil: dict, paths=("ours",)) -> dict:
+    """Per path (summary["paths"][p]) and per named grid (summary["grids"][grid][p]); the top
+    level repeats the first path's numbers (the layout of single-path results)."""
+    per_path = {p: _path_summary(rows, p) for p in paths}
+    s = dict(per_path[paths[0]])
+    s["paths"] = per_path
+    s["grids"] = {}
+    for g in GRIDS:
+        if g == "quick":
+            continue
+        members = set(_grid(g))
+        rs = [r for r in rows if _shape_of(r) in members]
+        if rs:
+            s["grids"][g] = {"shapes": len(members), "shapes_run": len(rs), **{p: _grid_summary(rs, p) for p in paths}}
+    s["path_time_ratios"] = {
+        f"{p}/{paths[0]}": _geomean([r.get("paths", {}).get(p, {}).get("time_vs_first_path") for r in rows])
+        for p in paths[1:]}
+    s["ceilings"] = ceil
     return s
 
 
@@ -194,7 +312,7 @@ def default_out_path(date: str, gpu: str, commit: str) -> str:
     return str(ROOT / "bench" / "results" / f"{date}-{safe}-{commit}.json")
 
 
-def make_document(rows, ceil, summary, argv, env) -> dict:
+def make_document(rows, ceil, summary, argv, env, paths=("ours",)) -> dict:
     return {
         "date": env.get("date") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
         "time_utc": env.get("time_utc") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -204,62 +322,138 @@ def make_document(rows, ceil, summary, argv, env) -> dict:
         "triton": env.get("triton"),
         "environment": env,
         "command": " ".join(shlex.quote(str(x)) for x in ["python3", *argv]),
+        "paths": list(paths),
         "ceilings": ceil,
         "summary": summary,
         "rows": rows,
     }
 
 
+def doc_paths(doc: dict) -> list:
+    """Our entries in a result document: its "paths", or ["ours"] for single-path results."""
+    return list(doc.get("paths") or ["ours"])
+
+
 def _fmt(v, spec="9.1f"):
-    return f"{v:{spec}}" if isinstance(v, (int, float)) and v is not None and math.isfinite(v) else " " * (int(spec.split(".")[0]) - 1) + "-"
+    width = int(spec.split(".")[0])
+    return f"{v:{spec}}" if isinstance(v, (int, float)) and math.isfinite(v) else " " * (width - 1) + "-"
 
 
-def format_table(rows) -> str:
-    head = (f"{'shape':<20} {'ours us':>9} {'triton us':>10} {'vmla us':>9} {'fmla us':>9} {'speedup':>8} "
-            f"{'/fmla':>6} {'TB/s':>6} {'TFLOP/s':>8} {'%roof':>6} {'%copy':>6} {'%mm':>5} {'err ours':>9}")
-    lines = [head]
+def _abbrev(paths):
+    """Column prefixes: none for a single path, else the path's initial (H = hopper, P = portable)."""
+    return {p: "" if len(paths) == 1 else p[0].upper() + " " for p in paths}
+
+
+def table_columns(paths=("ours",)) -> list:
+    """(header, format spec, getter) of the printed table, for our entries `paths`."""
+    ab = _abbrev(paths)
+
+    def t(k):
+        return lambda r: r.get("times_us", {}).get(k)
+
+    def pv(p, key):
+        return lambda r: r.get("paths", {}).get(p, {}).get(key)
+
+    def mv(p, key):
+        return lambda r: r.get("metrics", {}).get(p, {}).get(key)
+
+    cols = [(f"{p} us", "9.1f", t(p)) for p in paths]
+    cols += [("triton us", "10.1f", t("triton")), ("vmla us", "9.1f", t("verify_mla")), ("fmla us", "9.1f", t("flashmla"))]
+    for p in paths:
+        cols += [(ab[p] + "speedup", "8.1f", pv(p, "speedup_vs_triton")), (ab[p] + "/fmla", "6.2f", pv(p, "ratio_vs_flashmla"))]
+    cols += [(f"{p[0].upper()}/{paths[0][0].upper()}", "5.2f", pv(p, "time_vs_first_path")) for p in paths[1:]]
+    for p in paths:
+        cols += [(ab[p] + head, spec, mv(p, key)) for head, spec, key in (
+            ("TB/s", "6.2f", "tbps"), ("TFLOP/s", "8.1f", "tflops"), ("%roof", "6.1f", "pct_roofline"),
+            ("%copy", "6.1f", "pct_copy"), ("%mm", "5.1f", "pct_matmul"), ("%mma", "5.1f", "pct_mma_sync"))]
+    cols += [(f"err {p}", "9.1e", lambda r, p=p: r.get("check", {}).get(p)) for p in paths]
+    return cols
+
+
+def format_table(rows, paths=("ours",)) -> str:
+    cols = []
+    for head, spec, get in table_columns(paths):
+        width, _, prec = spec.partition(".")
+        cols.append((head, f"{max(int(width), len(head))}.{prec}", get))
+    lines = [f"{'shape':<20} " + " ".join(f"{h:>{s.split('.')[0]}}" for h, s, _ in cols)]
     for r in rows:
-        t = r.get("times_us", {})
-        m = r.get("metrics", {}).get("ours", {})
-        lines.append(
-            f"{r.get('label', ''):<20} {_fmt(t.get('ours'))} {_fmt(t.get('triton'), '10.1f')} {_fmt(t.get('verify_mla'))} "
-            f"{_fmt(t.get('flashmla'))} {_fmt(r.get('speedup_vs_triton'), '8.1f')} {_fmt(r.get('ratio_vs_flashmla'), '6.2f')} "
-            f"{_fmt(m.get('tbps'), '6.2f')} {_fmt(m.get('tflops'), '8.1f')} {_fmt(m.get('pct_roofline'), '6.1f')} "
-            f"{_fmt(m.get('pct_copy'), '6.1f')} {_fmt(m.get('pct_matmul'), '5.1f')} "
-            f"{_fmt(r.get('check', {}).get('ours'), '9.1e')}")
+        lines.append(f"{r.get('label', ''):<20} " + " ".join(_fmt(get(r), s) for _, s, get in cols))
+    if len(paths) > 1:
+        lines.append("(" + ", ".join(f"{p[0].upper()} = {p} path" for p in paths)
+                     + "; " + ", ".join(f"{p[0].upper()}/{paths[0][0].upper()} = {p} time / {paths[0]} time"
+                                        for p in paths[1:]) + ")")
     return "\n".join(lines)
 
 
-def format_summary(s: dict) -> str:
-    def f(v, spec=".2f"):
-        return "-" if v is None else format(v, spec)
+def _f(v, spec=".2f"):
+    return "-" if v is None else format(v, spec)
 
-    dw = s["done_when"]
-    return "\n".join([
-        f"shapes: {s['shapes']} ({s['shapes_with_ours']} with ours, {s['shapes_with_speedup']} with Triton, "
-        f"{s['shapes_with_flashmla_ratio']} with FlashMLA)",
-        f"speedup vs Triton: geomean {f(s['geomean_speedup_vs_triton'])}x (main grid "
-        f"{f(s['geomean_speedup_vs_triton_main_grid'])}x), min {f(s['min_speedup_vs_triton'])}x   "
-        f"[>=10: {dw['speedup_geomean_ge_10']}, min>=3: {dw['speedup_min_ge_3']}]",
-        f"ours / FlashMLA: geomean {f(s['geomean_ratio_vs_flashmla'])}, max {f(s['max_ratio_vs_flashmla'])}   "
-        f"[<=1.6: {dw['flashmla_ratio_le_1_6']}]   (Triton / FlashMLA geomean {f(s['geomean_triton_over_flashmla'])})",
-        f"large shapes (B*L>=256k, {s['large_shapes']}): min {f(s['large_shapes_min_pct_matmul'], '.1f')}% of matmul   "
-        f"[>=55: {dw['large_shapes_matmul_pct_ge_55']}]",
-        f"n=8 H=8: min {f(s['n8_h8_large_min_pct_copy'], '.1f')}% of copy for B*L>=256k "
-        f"(all n=8 shapes: min {f(s['n8_h8_min_pct_copy'], '.1f')}%)   [>=60: {dw['n8_h8_copy_pct_ge_60']}]",
-        f"ceilings: copy {s['ceilings']['copy_tbps']:.2f} TB/s, matmul {s['ceilings']['matmul_tflops']:.0f} TFLOP/s",
-    ])
+
+def format_summary(s: dict, paths=("ours",)) -> str:
+    lines = []
+    for p in paths:
+        ps = s.get("paths", {}).get(p, s)
+        dw = ps["done_when"]
+        tag = "" if len(paths) == 1 else f"[{p}] "
+        lines += [
+            f"{tag}shapes: {ps['shapes']} ({ps['shapes_with_ours']} with ours, {ps['shapes_with_speedup']} with Triton, "
+            f"{ps['shapes_with_flashmla_ratio']} with FlashMLA)",
+            f"{tag}speedup vs Triton: geomean {_f(ps['geomean_speedup_vs_triton'])}x (main grid "
+            f"{_f(ps['geomean_speedup_vs_triton_main_grid'])}x), min {_f(ps['min_speedup_vs_triton'])}x   "
+            f"[>=10: {dw['speedup_geomean_ge_10']}, min>=3: {dw['speedup_min_ge_3']}]",
+            f"{tag}ours / FlashMLA: geomean {_f(ps['geomean_ratio_vs_flashmla'])}, max {_f(ps['max_ratio_vs_flashmla'])}   "
+            f"[<=1.6: {dw['flashmla_ratio_le_1_6']}]   (Triton / FlashMLA geomean {_f(ps['geomean_triton_over_flashmla'])})",
+            f"{tag}large shapes (B*L>=256k, {ps['large_shapes']}): min {_f(ps['large_shapes_min_pct_matmul'], '.1f')}% of "
+            f"matmul [>=55: {dw['large_shapes_matmul_pct_ge_55']}], min {_f(ps['large_shapes_min_pct_mma_sync'], '.1f')}% "
+            f"of mma.sync (large_shapes_min_pct_mma_sync)",
+            f"{tag}n=8 H=8: min {_f(ps['n8_h8_large_min_pct_copy'], '.1f')}% of copy for B*L>=256k "
+            f"(all n=8 shapes: min {_f(ps['n8_h8_min_pct_copy'], '.1f')}%)   [>=60: {dw['n8_h8_copy_pct_ge_60']}]",
+        ]
+    for g, gs in s.get("grids", {}).items():
+        for p in paths:
+            v = gs[p]
+            tag = g if len(paths) == 1 else f"{g} [{p}]"
+            lines.append(
+                f"{tag} grid ({v['shapes_measured']}/{gs['shapes']} shapes): time/FlashMLA geomean "
+                f"{_f(v['geomean_ratio_vs_flashmla'])} max {_f(v['max_ratio_vs_flashmla'])}; speedup vs Triton geomean "
+                f"{_f(v['geomean_speedup_vs_triton'])}x min {_f(v['min_speedup_vs_triton'])}x; mma.sync % large-shape "
+                f"min {_f(v['large_shapes_min_pct_mma_sync'], '.1f')} best {_f(v['max_pct_mma_sync'], '.1f')}")
+    for k, v in s.get("path_time_ratios", {}).items():
+        lines.append(f"time {k}: geomean {_f(v, '.3f')} (same run, same inputs)")
+    c = s["ceilings"]
+    mma = c.get("mma_sync_tflops")
+    lines.append(f"ceilings: copy {c['copy_tbps']:.2f} TB/s, matmul {c['matmul_tflops']:.0f} TFLOP/s, mma.sync "
+                 + (f"{mma:.0f} TFLOP/s" if mma else f"unmeasured ({c.get('mma_sync_error', 'not run')})"))
+    return "\n".join(lines)
+
+
+def parse_paths(text) -> list:
+    if text is None:
+        return []
+    paths = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in paths if p not in KERNEL_PATHS]
+    if bad or not paths or len(set(paths)) != len(paths):
+        raise ValueError(f"want distinct kernel paths from {', '.join(KERNEL_PATHS)}, got {text!r}")
+    return paths
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="bench/bench_verify.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help=f"only {len(QUICK)} shapes")
-    ap.add_argument("--shapes", default=None, help="'B,H,n,L;...' instead of the issue grid (e.g. an L sweep)")
+    ap.add_argument("--grid", default="main",
+                    help="main (issue 3's 45 shapes, default), ddtree (n 33-257, 48 shapes), customer (H 8, "
+                         "n 65-257, 18 shapes), quick (6); several with commas: main,ddtree")
+    ap.add_argument("--quick", action="store_true", help=f"the quick grid ({len(QUICK)} shapes)")
+    ap.add_argument("--shapes", default=None, help="'B,H,n,L;...' instead of a grid (e.g. an L sweep)")
+    ap.add_argument("--paths", default=None,
+                    help="time these kernel paths of ours in this run, e.g. hopper,portable (default: the one "
+                         "KDTREE_KERNEL selects, recorded as 'ours')")
     ap.add_argument("--skip-triton", action="store_true", help="do not time SGLang's extend_attention_fwd (slow at large shapes)")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(IMPLS)} (e.g. 'ours')")
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/<date>-<gpu>-<commit>.json)")
     ap.add_argument("--no-plot", action="store_true", help="do not write the PNG (bench/plot.py can do it later)")
     ap.add_argument("--no-check", action="store_true", help="skip the per-shape float64 correctness check")
+    ap.add_argument("--no-mma-peak", action="store_true", help="do not measure the mma.sync ceiling")
+    ap.add_argument("--mma-peak-ms", type=float, default=50.0, help="shortest mma.sync peak launch, ms (default 50)")
     ap.add_argument("--budget-ms", type=float, default=200.0, help="timed replays per (shape, impl), in ms (default 200)")
     ap.add_argument("--max-replays", type=int, default=200)
     ap.add_argument("--min-replays", type=int, default=5)
@@ -273,11 +467,21 @@ def parse_args(argv=None):
                          "--page-size 64 gives) or runs (shuffled runs of 1-300 consecutive slots: a pool between "
                          "the two), to separate the cost of slot order from the kernel's")
     a = ap.parse_args(argv)
+    if a.quick:
+        a.grid = "quick"
+    try:
+        build_grid(a.grid)
+    except ValueError as e:
+        ap.error(f"--grid: {e}")
     if a.shapes is not None:
         try:
             a.shapes = parse_shapes(a.shapes)  # parsed once, here: main() takes the list
         except ValueError as e:
             ap.error(f"--shapes: {e}")
+    try:
+        a.paths = parse_paths(a.paths)
+    except ValueError as e:
+        ap.error(f"--paths: {e}")
     if a.only is not None:
         a.only = ",".join(x.strip() for x in a.only.split(",") if x.strip())
         bad = [x for x in a.only.split(",") if x not in IMPLS]
@@ -291,6 +495,11 @@ def selected_impls(args) -> list:
     if args.skip_triton and "triton" in impls:
         impls.remove("triton")
     return impls
+
+
+def ours_keys(args) -> list:
+    """The times_us keys of our kernel: one per --paths entry, else "ours"."""
+    return list(args.paths) if args.paths else ["ours"]
 
 
 # ------------------------------------------------------------------------------------------
@@ -324,9 +533,9 @@ def _environment(torch, commit):
     except Exception as e:  # noqa: BLE001
         env["triton"] = f"unavailable: {e}"
     try:
-        from kdtree_backend import ops
+        from kdtree_backend.kernel import ops
 
-        env["kernel"] = ops.selected_kernel()  # the path "ours" ran: hopper or portable
+        env["kernel"] = ops.selected_kernel()  # the path "ours" runs without --paths: hopper or portable
     except Exception as e:  # noqa: BLE001
         env["kernel"] = f"unavailable: {e}"
     for dist in ("sglang", "sgl-flash-mla"):
@@ -339,7 +548,7 @@ def _environment(torch, commit):
                capability=f"{p.major}.{p.minor}", cuda=torch.version.cuda,
                driver=_smi("driver_version"), sm_clock_max_mhz=_smi("clocks.max.sm"))
     try:
-        from kdtree_backend import ops
+        from kdtree_backend.kernel import ops
 
         env["kdtree_library"] = ops.library_info()
     except Exception as e:  # noqa: BLE001
@@ -370,7 +579,8 @@ def _event_times_ms(torch, fn, reps):
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
-def measure_ceilings(torch):
+def measure_ceilings(torch, mma_peak_ms=50.0):
+    """Copy bandwidth, bf16 matmul rate and (mma_peak_ms > 0) the mma.sync peak, on this GPU."""
     torch.cuda.synchronize()
     n = 1 << 30  # 1 GiB each way
     src = torch.empty(n // 2, dtype=torch.bfloat16, device="cuda").normal_()
@@ -389,7 +599,61 @@ def measure_ceilings(torch):
     mm = 2 * 8192 ** 3 / (t * 1e-3) / 1e12
     del a, b, c
     torch.cuda.empty_cache()
-    return {"copy_tbps": copy_tbps, "matmul_tflops": mm, "copy_bytes_each_way": n, "matmul_n": 8192}
+    ceil = {"copy_tbps": copy_tbps, "matmul_tflops": mm, "copy_bytes_each_way": n, "matmul_n": 8192}
+    if mma_peak_ms > 0:
+        ceil.update(measure_mma_sync_peak(torch, mma_peak_ms))
+    else:
+        ceil.update(mma_sync_tflops=None, mma_sync_error="not measured (--no-mma-peak)")
+    return ceil
+
+
+def mma_peak_compile_command(nvcc: str, arch: str, out) -> list:
+    """nvcc for bench/diag/mma_peak.cu as a shared library for one architecture ("90", "120")."""
+    return [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC",
+            f"-gencode=arch=compute_{arch},code=sm_{arch}", str(MMA_PEAK_SOURCE), "-o", str(out)]
+
+
+def mma_peak_library(capability) -> pathlib.Path:
+    """bench/diag/mma_peak.cu compiled for this compute capability, cached per source digest."""
+    from kdtree_backend.kernel.build import find_nvcc
+
+    arch = f"{capability[0]}{capability[1]}"
+    digest = hashlib.sha256(MMA_PEAK_SOURCE.read_bytes()).hexdigest()[:12]
+    out = pathlib.Path(tempfile.gettempdir()) / f"kdtree-mma-peak-{digest}-sm{arch}.so"
+    if out.exists():
+        return out
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (needed to build bench/diag/mma_peak.cu)")
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    r = subprocess.run(mma_peak_compile_command(nvcc, arch, tmp), capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"nvcc failed on mma_peak.cu: {(r.stdout + r.stderr)[-400:]}")
+    os.replace(tmp, out)
+    return out
+
+
+def measure_mma_sync_peak(torch, min_ms=50.0, repeats=5) -> dict:
+    """The mma.sync peak (bench/diag/mma_peak.cu) in this process: every SM busy, launches of at
+    least min_ms, median of `repeats`. A failure is recorded, not raised: the run goes on."""
+    try:
+        lib = ctypes.CDLL(str(mma_peak_library(torch.cuda.get_device_capability(0))))
+        lib.mma_peak.restype = ctypes.c_int
+        lib.mma_peak.argtypes = [ctypes.c_double, ctypes.c_int, ctypes.POINTER(ctypes.c_double),
+                                 ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_longlong),
+                                 ctypes.POINTER(ctypes.c_int)]
+        lib.mma_peak_error_string.restype = ctypes.c_char_p
+        tflops, ms, iters, blocks = ctypes.c_double(), ctypes.c_double(), ctypes.c_longlong(), ctypes.c_int()
+        torch.cuda.synchronize()
+        rc = lib.mma_peak(float(min_ms), int(repeats), ctypes.byref(tflops), ctypes.byref(ms), ctypes.byref(iters),
+                          ctypes.byref(blocks))
+        if rc != 0:
+            raise RuntimeError(f"mma_peak: {lib.mma_peak_error_string(rc).decode(errors='replace')}")
+        return {"mma_sync_tflops": tflops.value, "mma_sync_launch_ms": ms.value, "mma_sync_iters": iters.value,
+                "mma_sync_blocks": blocks.value,
+                "mma_sync_instruction": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"}
+    except Exception as e:  # noqa: BLE001 - the other ceilings and the grid still run
+        return {"mma_sync_tflops": None, "mma_sync_error": f"{type(e).__name__}: {e}"[:500]}
 
 
 _CAPTURE_STREAM = None
@@ -480,10 +744,48 @@ def slot_layout_kwargs(slots: str) -> dict:
     return {} if slots == "random" else {"slot_layout": slots}
 
 
-def run_shape(torch, s: Shape, impls, args, ceil, mods):
-    from kdtree_backend.reference import make_verify_batch, relative_error, verify_attention_reference
+@contextlib.contextmanager
+def kernel_path(path: str):
+    """KDTREE_KERNEL = `path` inside the block (the op reads it at every call; a captured graph keeps
+    the path it was captured with). "ours" leaves the environment as it is."""
+    if path not in KERNEL_PATHS:
+        yield
+        return
+    old = os.environ.get("KDTREE_KERNEL")
+    os.environ["KDTREE_KERNEL"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("KDTREE_KERNEL", None)
+        else:
+            os.environ["KDTREE_KERNEL"] = old
 
-    row = {"shape": s._asdict(), "times_us": {}, "timing": {}, "check": {}, "errors": {}}
+
+def request0_reference(batch, n: int, chain: bool):
+    """The float64 reference of request 0 alone ([n, H*512], on the batch's device): its n rows of
+    q and k, its prefix and its mask block (tree), or no mask (chain). Its cost does not grow with
+    B, and a score block is at most ~256 MB however large n*L gets (the reference chunks heads)."""
+    from kdtree_backend.testing.reference import verify_attention_reference
+
+    q, k, cache, qo, kvp, kvi, mask, mi, sm_scale = batch.args()
+    if chain:
+        mask = mi = None
+    else:
+        mi = mi[:2]
+    return verify_attention_reference(q[:n], k[:n], cache, qo[:2], kvp[:2], kvi, mask, mi, sm_scale)
+
+
+VERIFY_MLA_SKIP = (f"skipped: n > {VERIFY_MLA_MAX_N} drafts: verify_shared_kv_fwd needs more shared memory than "
+                   f"the GPU has (OutOfResources, after minutes of Triton compiling)")
+
+
+def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
+    from kdtree_backend.testing import sglang_calls
+    from kdtree_backend.testing.batches import make_verify_batch
+    from kdtree_backend.testing.reference import relative_error
+
+    row = {"shape": s._asdict(), "grids": grids_of(s), "times_us": {}, "timing": {}, "check": {}, "errors": {}}
     set_bytes = shape_bytes(s)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (60 << 20)
     k_sets = int(max(1, min(args.max_sets, math.ceil(4 * l2 / set_bytes))))
@@ -499,16 +801,20 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
     b0 = batches[0]
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed + 17)
 
-    # float64 references on request 0 only (cheap): tree for ours/Triton, chain for the others
+    # float64 references of request 0: tree for ours/Triton, chain for the others
     ref_tree = ref_chain = None
-    rows0 = torch.zeros(b0.num_rows, dtype=torch.bool, device=DEVICE)
-    rows0[: s.n] = True
     if not args.no_check:
-        a = b0.args()
-        ref_tree = verify_attention_reference(a[0], a[1], a[2], a[3][:2], a[4][:2], a[5], a[6], a[7][:2], sm_scale)
-        ref_chain = verify_attention_reference(a[0], a[1], a[2], a[3][:2], a[4][:2], a[5], None, None, sm_scale)
+        ref_tree = request0_reference(b0, s.n, chain=False)
+        ref_chain = request0_reference(b0, s.n, chain=True)
 
     failed = mods.setdefault("_failed", {})  # (impl, H, n) -> first error: do not retry (Triton recompiles)
+
+    def check(name, out, ref):
+        o = out.reshape(b0.num_rows, -1)
+        if not bool(torch.isfinite(o[: s.B * s.n]).all()):
+            row["errors"][name] = "non-finite output"
+        if ref is not None:
+            row["check"][name] = relative_error(o[: s.n], ref)
 
     def record(name, calls, check_out, ref):
         if (name, s.H, s.n) in failed:
@@ -518,13 +824,8 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
             res = _graph_time(torch, calls, args)
             row["times_us"][name] = res["us"]
             row["timing"][name] = res
-            if check_out is None:
-                return
-            o = check_out.reshape(b0.num_rows, -1)
-            if not bool(torch.isfinite(o[: s.B * s.n]).all()):
-                row["errors"][name] = "non-finite output"
-            if ref is not None:
-                row["check"][name] = relative_error(o, ref, rows0)
+            if check_out is not None:
+                check(name, check_out, ref)
         except Exception as e:  # noqa: BLE001 - one failing competitor must not stop the run
             row["errors"][name] = f"{type(e).__name__}: {str(e)[:500]}"
             failed[(name, s.H, s.n)] = row["errors"][name][:200]
@@ -534,21 +835,25 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
 
     outs = [torch.empty(b.num_rows, s.H * DV, dtype=torch.bfloat16, device=DEVICE) for b in batches]
     if "ours" in impls:
-        if mods.get("ours") is None:
-            row["errors"]["ours"] = mods.get("ours_error", "kdtree_backend.ops unavailable")
-        else:
-            va = mods["ours"]
+        va = mods.get("ours")
+        for p in paths:
+            if va is None:
+                row["errors"][p] = mods.get("ours_error", "kdtree_backend.kernel.ops unavailable")
+                continue
             calls = [(lambda b=b, o=o: va(*b.args(), **b.kwargs(), out=o)) for b, o in zip(batches, outs)]
-            record("ours", calls, outs[0], ref_tree)
+            with kernel_path(p):
+                record(p, calls, outs[0], ref_tree)
     if "triton" in impls:
         if mods.get("triton_ok"):
-            calls = [(lambda b=b, o=o: b.call_sglang_triton(o)) for b, o in zip(batches, outs)]
+            calls = [(lambda b=b, o=o: sglang_calls.call_sglang_triton(b, o)) for b, o in zip(batches, outs)]
             record("triton", calls, outs[0], ref_tree)
         else:
             row["errors"]["triton"] = mods.get("triton_error", "unavailable")
     if "verify_mla" in impls:
         vm = mods.get("verify_mla")
-        if vm is None:
+        if s.n > VERIFY_MLA_MAX_N:
+            row["errors"]["verify_mla"] = VERIFY_MLA_SKIP
+        elif vm is None:
             row["errors"]["verify_mla"] = mods.get("verify_mla_error", "unavailable")
         else:
             calls = [(lambda b=b, o=o: call_verify_mla(vm, b, o)) for b, o in zip(batches, outs)]
@@ -576,11 +881,8 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
                 calls = [(lambda i=i: fcall(i)) for i in range(len(batches))]
                 # after capture fouts[0] is the graph's output tensor, rewritten by each replay
                 record("flashmla", calls, None, ref_chain)
-                o = fouts[0].reshape(b0.num_rows, -1)
-                if not bool(torch.isfinite(o).all()):
-                    row["errors"]["flashmla"] = "non-finite output"
-                if ref_chain is not None:
-                    row["check"]["flashmla"] = relative_error(o, ref_chain, rows0)
+                if "flashmla" in row["times_us"]:
+                    check("flashmla", fouts[0], ref_chain)
                 del inputs
             except Exception as e:  # noqa: BLE001
                 row["errors"].setdefault("flashmla", f"{type(e).__name__}: {str(e)[:500]}")
@@ -589,19 +891,19 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods):
                     traceback.print_exc()
     # a check failure is an error: timings of a wrong result are not comparable
     for name, err in row["check"].items():
-        if err is None or not (err < 2e-2):
+        if err is None or not (err < CHECK_TOL):
             row["errors"].setdefault(name, f"rel err vs float64 {err:.3e}")
     del batches, outs
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    return finish_row(row, ceil)
+    return finish_row(row, ceil, paths)
 
 
 def _load_impls(impls):
     mods = {}
     if "ours" in impls:
         try:
-            from kdtree_backend import ops
+            from kdtree_backend.kernel import ops
 
             if not ops.kernel_available():
                 ops.library_info()  # raises with the loader's message
@@ -634,6 +936,23 @@ def _load_impls(impls):
     return mods
 
 
+def _progress_line(i, total, row, paths) -> str:
+    t = row["times_us"]
+    keys = [*paths, "triton", "verify_mla", "flashmla"]
+    parts = [f"[{i}/{total}] {row['label']:<18}", "  ".join(f"{k} {t[k]:.1f}" for k in keys if k in t)]
+    for p in paths:
+        v = row["paths"][p]
+        tag = "" if len(paths) == 1 else f" {p}"
+        if v["speedup_vs_triton"]:
+            parts.append(f"x{v['speedup_vs_triton']:.1f}{tag}")
+        if v["ratio_vs_flashmla"]:
+            parts.append(f"/fmla {v['ratio_vs_flashmla']:.2f}{tag}")
+    if row["errors"]:
+        parts.append(f"errors {row['errors']}")
+    parts.append(f"({row['seconds']:.1f}s)")
+    return "  ".join(parts)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -643,6 +962,7 @@ def main(argv=None) -> int:
         return 2
     t_start = time.time()
     impls = selected_impls(args)
+    paths = ours_keys(args)
     commit = _commit(args.commit)
     env = _environment(torch, commit)
     out_path = args.out or default_out_path(env["date"], env["gpu"], commit)
@@ -650,10 +970,13 @@ def main(argv=None) -> int:
     argv_used = [sys.argv[0]] + (list(argv) if argv is not None else sys.argv[1:])
 
     print(f"GPU {env['gpu']} ({env['sm_count']} SMs), torch {env['torch']}, triton {env['triton']}, "
-          f"sglang {env['sglang']}, flash-mla {env['sgl-flash-mla']}, commit {commit}", flush=True)
-    ceil = measure_ceilings(torch)
-    print(f"ceilings: copy {ceil['copy_tbps']:.2f} TB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s "
-          f"({time.time() - t_start:.0f}s)", flush=True)
+          f"sglang {env['sglang']}, flash-mla {env['sgl-flash-mla']}, commit {commit}, ours: {', '.join(paths)}",
+          flush=True)
+    ceil = measure_ceilings(torch, 0.0 if args.no_mma_peak else args.mma_peak_ms)
+    mma = ceil.get("mma_sync_tflops")
+    print(f"ceilings: copy {ceil['copy_tbps']:.2f} TB/s, bf16 matmul {ceil['matmul_tflops']:.0f} TFLOP/s, mma.sync "
+          + (f"{mma:.0f} TFLOP/s" if mma else f"unmeasured ({ceil.get('mma_sync_error')})")
+          + f" ({time.time() - t_start:.0f}s)", flush=True)
     mods = _load_impls(impls)
     for k in ("ours_error", "triton_error", "verify_mla_error", "flashmla_error"):
         if k in mods:
@@ -662,36 +985,32 @@ def main(argv=None) -> int:
     rows, skipped = [], []
 
     def write_document():
-        summary = summarize(rows, ceil)
+        summary = summarize(rows, ceil, paths)
         summary["skipped_for_time"] = skipped
-        doc = make_document(rows, ceil, summary, argv_used, env)
+        doc = make_document(rows, ceil, summary, argv_used, env, paths)
+        doc["grid"] = "shapes" if args.shapes else args.grid
         doc["impls"] = impls
         doc["wall_s"] = time.time() - t_start
         with open(out_path, "w") as f:
             json.dump(doc, f, indent=1)
         return summary
 
-    grid = args.shapes if args.shapes else build_grid(args.quick)
+    grid = args.shapes if args.shapes else build_grid(args.grid)
     for i, s in enumerate(grid):
         if time.time() - t_start > args.time_limit:
             skipped.append(s._asdict())
             continue
         t0 = time.time()
-        row = run_shape(torch, s, impls, args, ceil, mods)
+        row = run_shape(torch, s, impls, args, ceil, mods, paths)
         row["seconds"] = time.time() - t0
         rows.append(row)
-        t = row["times_us"]
-        print(f"[{i + 1}/{len(grid)}] {row['label']:<18} " + "  ".join(f"{k} {t[k]:.1f}" for k in IMPLS if k in t)
-              + (f"  x{row['speedup_vs_triton']:.1f}" if row["speedup_vs_triton"] else "")
-              + (f"  /fmla {row['ratio_vs_flashmla']:.2f}" if row["ratio_vs_flashmla"] else "")
-              + (f"  errors {row['errors']}" if row["errors"] else "")
-              + f"  ({row['seconds']:.1f}s)", flush=True)
+        print(_progress_line(i + 1, len(grid), row, paths), flush=True)
         write_document()  # after every shape: a run cut short still leaves its rows
     summary = write_document()
     print()
-    print(format_table(rows))
+    print(format_table(rows, paths))
     print()
-    print(format_summary(summary))
+    print(format_summary(summary, paths))
     if skipped:
         print(f"skipped for time: {len(skipped)} shapes")
     print(f"JSON: {out_path}")

@@ -1,94 +1,372 @@
-"""CPU checks that the GPU benchmark scripts get through their imports and set-up helpers, so a
-refactor that breaks one is caught here rather than in a device run (bench/bench_modes.py once
-failed on its first call on the H200: the test module it builds its scene from had started to
-import a helper from tests/conftest.py, which only pytest made importable)."""
+"""CPU checks of the GPU tools under bench/, so a refactor that breaks one is caught here rather
+than in a device run: the device driver (bench/device/run.py: step parsing, budgets, the commands
+it would run, runs with fake tools), bench_modes.py's arithmetic and batch sizes, perf_table.py,
+the diagnostics' start-up, the device probes' compilation, and the results index.
+(bench_verify.py's own checks are in tests/testing/test_reference_cpu.py.)"""
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, run_python
+from conftest import clean_env
 
 ROOT = Path(__file__).resolve().parent.parent
+DRIVER = ROOT / "bench" / "device" / "run.py"
 
 
-def test_bench_modes_builds_its_scene_module():
-    code = (
-        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/bench']\n"
-        "import bench_modes\n"
-        "m = bench_modes._scene_module()\n"
-        "assert callable(m.kit_prefix_slot_collisions)\n"
-        "print('scene ok')\n"
-    )
-    r = run_python(code, env=clean_env(), timeout=300, args=(str(ROOT),))
-    assert r.returncode == 0 and "scene ok" in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+def _load(rel: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / rel)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
 
 
-def test_device_shell_scripts_parse():
-    """Every device script under bench/ is valid bash (a syntax error would cost a device call)."""
-    import subprocess
-
-    scripts = sorted((ROOT / "bench").glob("*.sh"))
-    assert scripts
-    for s in scripts:
-        r = subprocess.run(["bash", "-n", str(s)], capture_output=True, text=True)
-        assert r.returncode == 0, f"{s.name}: {r.stderr}"
+@pytest.fixture(scope="module")
+def drv():
+    return _load("bench/device/run.py", "_kdtree_device_run")
 
 
-def test_sanitize_path_runs_racecheck_and_memcheck_on_the_path(tmp_path):
-    """bench/gpu_sanitize.sh (shared by gpu_ab.sh and gpu_release.sh), with a stand-in for
-    compute-sanitizer that records its arguments and the kernel path: both tools run, on the path
-    asked for, memcheck on the sanitizer-sized tests of that path only, and the summaries and exit
-    codes reach stdout. racecheck also runs the sanitizer-sized consecutive-slot tests of the path
-    (runs of cache slots, which the smoke cases' scattered slots never have; perf-notes h41)."""
-    import os
-    import subprocess
+def _dry(drv, capsys, *words, capability="9.0"):
+    rc = drv.main(["--dry-run", "--commit", "abc1234", "--capability", capability, *words])
+    assert rc == 0
+    return capsys.readouterr().out
 
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
+
+# ------------------------------------------------------------------------------------------
+# the device driver: parsing and budgets
+# ------------------------------------------------------------------------------------------
+def test_driver_groups_words_into_steps(drv):
+    steps = drv.parse_steps(["setup", "tests", "both", "sanitize:300", "hopper", "bench", "main,ddtree", "both",
+                             "--budget-ms", "100", "modes", "--iters", "20", "profile", "portable", "8,16,64,8192",
+                             "lib=/tmp/x.so"])
+    assert [s.name for s in steps] == ["setup", "tests", "sanitize", "bench", "modes", "profile"]
+    assert steps[1].args == ["both"] and steps[2].budget == 300.0 and steps[2].args == ["hopper"]
+    assert steps[3].plain() == ["main,ddtree", "both", "--budget-ms", "100"]
+    assert steps[4].args == ["--iters", "20"]
+    assert steps[5].option("lib") == "/tmp/x.so" and steps[5].plain() == ["portable", "8,16,64,8192"]
+    assert drv.parse_paths("both") == ["hopper", "portable"] and drv.parse_paths("portable") == ["portable"]
+
+
+@pytest.mark.parametrize("words,match", [
+    (["hopper"], "is not a step"),
+    ([], "no steps"),
+    (["tests"], "tests PATHS"),
+    (["tests", "ampere"], "kernel paths"),
+    (["tests", "hopper,hopper"], "kernel paths"),
+    (["sanitize", "both", "extra"], "unexpected"),
+    (["bench", "main"], "GRID PATHS"),
+    (["bench", "Main!", "both"], "grid"),
+    (["profile", "both", "8,16,64,8192"], "hopper or portable"),
+    (["profile", "hopper", "8x16"], "B,H,n,L"),
+    (["setup", "now"], "no arguments"),
+    (["ab"], "NAME=LIB"),
+    (["ab", "default=/tmp/x.so"], "not default"),
+    (["setup:soon"], "seconds"),
+    (["bench", "main", "both"] * 4 + ["modes", "ab", "x=/tmp/x.so", "bench", "quick", "hopper"], "result files"),
+])
+def test_driver_refuses_bad_command_lines(drv, words, match):
+    with pytest.raises(drv.UsageError, match=match):
+        drv.parse_steps(words)
+
+
+def test_driver_budgets(drv):
+    steps = drv.parse_steps(["setup", "tests", "both", "bench", "main", "both", "modes:90", "bench", "ddtree", "hopper"])
+    assert drv.nominal_budget(steps[0]) == 240 and drv.nominal_budget(steps[1]) == 300  # 150 per path
+    assert drv.nominal_budget(steps[2]) is None and drv.nominal_budget(steps[3]) == 90
+    # a fixed step takes its own budget, at most what is left
+    assert drv.step_budget(steps, 0, 570) == 240 and drv.step_budget(steps, 1, 100) == 100
+    # the first bench step shares what modes leaves with the second bench step
+    assert drv.step_budget(steps, 2, 400) == pytest.approx((400 - 90) / 2)
+    assert drv.step_budget(steps, 4, 123) == 123
+    assert drv.step_budget(steps, 2, 50) == 0  # nothing left: the run skips it
+
+
+def test_driver_command_timeouts_pass_unused_time_on(drv):
+    cmds = [drv.Command("a", ["x"], "a.log", share=0.5), drv.Command("b", ["x"], "b.log", share=0.5),
+            drv.Command("sum", [], "s.log", share=0.1, call=lambda: "")]
+    assert drv.command_timeout(cmds, 0, 100, 100, 500) == 50  # the next command keeps its share
+    assert drv.command_timeout(cmds, 1, 100, 90, 500) == 90  # the first used 10 s: the rest is the second's
+    assert drv.command_timeout(cmds, 0, 100, 100, 30) == 30  # never past the whole run's end
+    assert drv.command_timeout(cmds, 0, 100, 40, 500) == 40  # a late step: the share, at most what is left
+
+
+def test_driver_result_file_names(drv):
+    steps = drv.parse_steps(["bench", "main,ddtree", "both", "bench", "quick", "hopper", "bench", "quick", "portable",
+                             "modes", "ab", "x=/tmp/x.so"])
+    assert [drv.result_file(s, steps) for s in steps] == [
+        "bench-main-ddtree.json", "bench-quick-1.json", "bench-quick-2.json", "modes.json", "ab.json"]
+    for name in [drv.result_file(s, steps) for s in steps]:
+        assert re.fullmatch(r"[A-Za-z0-9._-]+", name)  # what the device tool brings back
+
+
+# ------------------------------------------------------------------------------------------
+# the device driver: what it would run
+# ------------------------------------------------------------------------------------------
+def test_driver_dry_run_of_the_release_commands(drv, capsys):
+    out = _dry(drv, capsys, "setup", "tests", "both", "sanitize", "both", "modes")
+    assert "--target /tmp/site" in out and "--no-index --no-deps --no-compile --no-cache-dir --upgrade" in out
+    assert "python3 -m kdtree_backend.build --check" in out
+    assert ("KDTREE_KERNEL=hopper python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors "
+            "tests/ -k 'not portable'") in out
+    assert ("KDTREE_KERNEL=portable python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors "
+            "tests/ -k 'not hopper'") in out
+    for p in ("hopper", "portable"):
+        assert (f"KDTREE_KERNEL={p} compute-sanitizer --print-limit 20 --tool racecheck python3 bench/diag/smoke.py "
+                "--small --no-triton") in out
+        assert (f"KDTREE_KERNEL={p} KDTREE_TEST_SMALL=1 compute-sanitizer --print-limit 20 --tool racecheck python3 -m "
+                f"pytest -q -p no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k 'consecutive_slots and {p}'") in out
+        assert (f"KDTREE_TEST_SMALL=1 compute-sanitizer --print-limit 20 --tool memcheck python3 -m pytest -q -p "
+                f"no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k {p} ") in out
+    assert "python3 bench/bench_modes.py --json /tmp/out/modes.json --bs 8,128" in out
+    assert "back in /tmp/out: modes.json, run.json, logs.tar.gz" in out
+
+
+def test_driver_dry_run_of_the_benchmark_command(drv, capsys):
+    out = _dry(drv, capsys, "--budget", "500", "setup", "bench", "main,ddtree", "both", "--budget-ms", "100", "modes:90")
+    line = next(ln for ln in out.splitlines() if "bench/bench_verify.py" in ln)
+    # a dry run spends no time: the bench step gets all but what modes keeps, less 60 s of tail
+    assert ("python3 bench/bench_verify.py --grid main,ddtree --paths hopper,portable --no-plot --commit abc1234 "
+            "--time-limit 350 --out /tmp/out/bench-main-ddtree.json --budget-ms 100") in line
+    assert "[timeout 410s" in line
+    assert "back in /tmp/out: bench-main-ddtree.json, modes.json, run.json, logs.tar.gz" in out
+
+
+def test_driver_drops_the_hopper_path_off_hopper_gpus(drv, capsys):
+    out = _dry(drv, capsys, "tests", "both", "bench", "quick", "both", "bench", "customer", "hopper", capability="12.0")
+    assert "KDTREE_KERNEL=portable" in out and "KDTREE_KERNEL=hopper" not in out
+    assert "--paths portable " in out and "none of hopper runs on compute capability 12.0" in out
+
+
+def test_driver_dry_run_of_profile_and_ab(drv, capsys):
+    out = _dry(drv, capsys, "profile", "hopper", "32,8,16,8192", "ab", "base=.ab/base", "prev=/tmp/prev.so",
+               "paths=both")
+    assert ("KDTREE_KERNEL=hopper ncu --clock-control none --kernel-name regex:hopper_kernel --launch-skip 1 "
+            "--launch-count 1") in out and "--profile-shape 32,8,16,8192" in out
+    assert "--page source --csv --print-source sass" in out
+    assert f"(cd {ROOT}/.ab/base) PYTHONPATH=" in out and "-m kdtree_backend.build --out /tmp/kdtree-device/lib_base.so" in out
+    assert "python3 bench/diag/smoke.py --no-triton --configs hopper,portable --json /tmp/kdtree-device/ab-default.json" in out
+    assert "KDTREE_LIB=/tmp/prev.so python3 bench/diag/smoke.py" in out
+    assert "KDTREE_LIB=/tmp/kdtree-device/lib_base.so python3 bench/diag/smoke.py" in out
+    assert "(driver) A/B summary" in out
+
+
+def test_driver_ab_summary(drv, tmp_path):
+    def smoke_json(name, scale):
+        (tmp_path / f"ab-{name}.json").write_text(json.dumps({"timings": [
+            {"by_config": {"hopper": 10.0 * scale, "portable": 20.0}}, {"by_config": {"hopper": 40.0 * scale, "portable": 80.0}}]}))
+
+    smoke_json("default", 1.0)
+    smoke_json("fast", 0.9)
+    out = tmp_path / "ab.json"
+    text = drv.ab_summary(tmp_path, ["default", "fast", "missing"], ["hopper", "portable"], out)
+    res = json.loads(out.read_text())["variants"]
+    assert res["fast"]["hopper"]["geomean_time_vs_default"] == pytest.approx(0.9)
+    assert res["fast"]["portable"]["geomean_time_vs_default"] == pytest.approx(1.0)
+    assert "error" in res["missing"]
+    assert "fast/hopper time vs default: geomean 0.900" in text
+
+
+# ------------------------------------------------------------------------------------------
+# the device driver: real runs with stand-ins for the GPU tools
+# ------------------------------------------------------------------------------------------
+def _fake_tool(bindir: Path, name: str, body: str) -> None:
+    p = bindir / name
+    p.write_text("#!/usr/bin/env bash\n" + body)
+    p.chmod(0o755)
+
+
+def _run_driver(tmp_path, bindir, *words):
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**clean_env(), "PATH": f"{bindir}:{os.environ['PATH']}"}
+    env.pop("OUT", None)
+    r = subprocess.run([sys.executable, str(DRIVER), "--capability", "9.0", "--out", str(out), "--work", str(work),
+                        "--commit", "t1", *words], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return r, out
+
+
+def test_driver_sanitize_runs_racecheck_and_memcheck_on_the_path(tmp_path):
+    """With a stand-in for compute-sanitizer that records its arguments and the kernel path: both
+    tools run, on the path asked for, memcheck on that path's sanitizer-sized tests only; the
+    summaries and exit codes reach stdout and run.json, the logs come back in logs.tar.gz."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
     calls = tmp_path / "calls.txt"
-    (fake_bin / "compute-sanitizer").write_text(
-        "#!/usr/bin/env bash\n"
-        f'echo "$KDTREE_KERNEL small=${{KDTREE_TEST_SMALL:-0}} $*" >> {calls}\n'
-        'case "$2" in racecheck) echo "========= RACECHECK SUMMARY: 0 hazards displayed";;\n'
-        '  memcheck) echo "3 passed"; echo "========= ERROR SUMMARY: 0 errors"; exit 3;; esac\n'
-    )
-    (fake_bin / "compute-sanitizer").chmod(0o755)
-    out = tmp_path / "out"
-    out.mkdir()
-    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}", "OUT": str(out)}
-    r = subprocess.run(["bash", "-c", "source bench/gpu_sanitize.sh && sanitize_path hopper 5 5"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    _fake_tool(bindir, "compute-sanitizer",
+               f'echo "$KDTREE_KERNEL small=${{KDTREE_TEST_SMALL:-0}} $*" >> {calls}\n'
+               'case "$4" in racecheck) echo "========= RACECHECK SUMMARY: 0 hazards displayed";;\n'
+               '  memcheck) echo "3 passed"; echo "========= ERROR SUMMARY: 0 errors"; exit 3;; esac\n')
+    r, out = _run_driver(tmp_path, bindir, "sanitize", "hopper")
+    assert r.returncode == 1, r.stdout + r.stderr  # memcheck's exit code 3 fails the run
     lines = calls.read_text().splitlines()
     assert len(lines) == 3, lines
-    assert lines[0].startswith("hopper small=0 --tool racecheck") and "bench/smoke.py --small --no-triton" in lines[0]
-    assert lines[1].startswith("hopper small=1 --tool racecheck") and lines[1].endswith(
-        "tests/gpu/test_kernel_gpu.py -k consecutive_slots and hopper")
-    assert lines[2].startswith("hopper small=1 --tool memcheck") and lines[2].endswith("tests/gpu/test_kernel_gpu.py -k hopper")
-    assert "racecheck (hopper) rc=0" in r.stdout and "RACECHECK SUMMARY: 0 hazards" in r.stdout
-    assert "racecheck, consecutive slots (hopper) rc=0" in r.stdout
-    assert "memcheck (hopper) rc=3" in r.stdout and "ERROR SUMMARY: 0 errors" in r.stdout
-    assert (out / "racecheck-hopper.log").exists() and (out / "memcheck-hopper.log").exists()
-    assert (out / "racecheck-slots-hopper.log").exists()
+    assert lines[0].startswith("hopper small=0 --print-limit 20 --tool racecheck") and lines[0].endswith(
+        "bench/diag/smoke.py --small --no-triton")
+    assert lines[1].startswith("hopper small=1 --print-limit 20 --tool racecheck") and lines[1].endswith(
+        "tests/kernel/test_kernel_gpu.py -k consecutive_slots and hopper")
+    assert lines[2].startswith("hopper small=1 --print-limit 20 --tool memcheck") and lines[2].endswith(
+        "tests/kernel/test_kernel_gpu.py -k hopper")
+    assert "racecheck, smoke cases (hopper): rc=0" in r.stdout and "RACECHECK SUMMARY: 0 hazards" in r.stdout
+    assert "memcheck (hopper): rc=3" in r.stdout and "ERROR SUMMARY: 0 errors" in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "run.json"]
+    doc = json.loads((out / "run.json").read_text())
+    assert [c["rc"] for c in doc["steps"][0]["commands"]] == [0, 0, 3] and doc["commit"] == "t1"
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"racecheck-hopper.log", "racecheck-slots-hopper.log", "memcheck-hopper.log", "run.json"} <= names
 
 
+def test_driver_bench_writes_into_out_and_a_failed_setup_stops_the_run(tmp_path, monkeypatch):
+    """A stand-in python3: its bench_verify.py writes the JSON it is told to (--out) and gets a time
+    limit of its budget less the tail; a failing pip install (setup) skips the steps after it."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _fake_tool(bindir, "python3",
+               'if [ "$2" = pip ]; then [ -f "$FAIL_PIP" ] && { echo "ERROR: no wheels"; exit 1; }; exit 0; fi\n'
+               'if [ "$1" = bench/bench_verify.py ]; then\n'
+               '  while [ $# -gt 0 ]; do case "$1" in --out) o=$2;; --time-limit) t=$2;; esac; shift; done\n'
+               '  echo "{\\"time_limit\\": $t}" > "$o"; echo "speedup vs Triton: geomean 21x"; exit 0; fi\n'
+               'echo "built /tmp/lib.so"; exit 0\n')
+    _fake_tool(bindir, "nvidia-smi", 'echo "NVIDIA H200, 9.0"\n')
+    r, out = _run_driver(tmp_path, bindir, "--budget", "300", "bench", "quick", "both")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((out / "bench-quick.json").read_text()) == {"time_limit": 240}
+    assert "speedup vs Triton: geomean 21x" in r.stdout
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        assert "bench-quick.log" in tar.getnames()
+
+    flag = tmp_path / "fail-pip"
+    flag.write_text("")
+    monkeypatch.setenv("FAIL_PIP", str(flag))
+    r, out = _run_driver(tmp_path, bindir, "setup", "bench", "quick", "hopper")
+    assert r.returncode == 1 and "ERROR: no wheels" in r.stdout
+    doc = json.loads((out / "run.json").read_text())
+    assert [c["label"] for c in doc["steps"][0]["commands"]] == ["install the carried wheels"]
+    assert doc["steps"][1]["skipped"] == "an earlier step failed fatally"
+
+
+# ------------------------------------------------------------------------------------------
+# bench_modes.py
+# ------------------------------------------------------------------------------------------
+def _mode_row(graph, eager_wall, eager_host):
+    return {"graph_us_per_call_gpu": graph, "graph_us_per_call_wall": graph + 0.5, "eager_us_per_call_gpu": eager_wall - 1,
+            "eager_us_per_call_wall": eager_wall, "eager_us_per_call_host": eager_host, "validations_published": 0}
+
+
+def test_bench_modes_host_overhead_per_mode():
+    """host_added_us = eager host time per call minus stock's (what our Python adds), per mode; the
+    table shows it; the module imports on a machine without a GPU (its scene imports sglang lazily)."""
+    bm = _load("bench/bench_modes.py", "_kdtree_bench_modes")
+    rows = {"stock": _mode_row(400, 315, 20), "off": _mode_row(390, 318, 23.5), "validate": _mode_row(540, 1400, 60),
+            "validate@0.25": _mode_row(430, 450, 30), "on": _mode_row(26, 155, 40)}
+    bm.add_comparisons(rows)
+    assert rows["stock"]["host_added_us"] == 0 and rows["off"]["host_added_us"] == pytest.approx(3.5)
+    assert rows["on"]["host_added_us"] == pytest.approx(20) and rows["validate"]["eager_wall_added_us"] == pytest.approx(1085)
+    assert rows["on"]["graph_gpu_vs_off"] == pytest.approx(26 / 390)
+    table = bm.format_table({"bs": 8}, rows)
+    assert "+host vs stock" in table and "eager host us" in table
+    on = next(ln for ln in table.splitlines() if ln.startswith("on "))
+    assert "20.0" in on and "40.0" in on
+    assert [name for name, _, _ in bm.MODES] == ["stock", "off", "validate", "validate@0.25", "on"]
+    assert bm.parse_bs("8,128") == [8, 128]
+    with pytest.raises(ValueError):
+        bm.parse_bs("0")
+
+
+def test_bench_modes_runs_every_batch_size(tmp_path, monkeypatch):
+    bm = _load("bench/bench_modes.py", "_kdtree_bench_modes2")
+    seen = []
+
+    def fake_bench(heads, bs, draft, prefix, kind, iters):
+        seen.append((bs, prefix))
+        return {"config": {"bs": bs}, "modes": {}}
+
+    monkeypatch.setattr(bm, "bench", fake_bench)
+    out = tmp_path / "modes.json"
+    bm.main(["--bs", "8,128", "--json", str(out)])
+    assert seen == [(8, 2048), (128, 2048)]
+    assert set(json.loads(out.read_text())["by_bs"]) == {"8", "128"}
+
+
+# ------------------------------------------------------------------------------------------
+# perf_table.py, the results index
+# ------------------------------------------------------------------------------------------
+def test_performance_doc_table_is_the_generated_one():
+    """docs/kernel/performance.md's table is exactly what perf_table.py makes of the result file it
+    names (so it is regenerated, never edited by hand)."""
+    pt = _load("bench/perf_table.py", "_kdtree_perf_table")
+    doc = (ROOT / "docs" / "kernel" / "performance.md").read_text()
+    section = doc[doc.index(pt.BEGIN):doc.index(pt.END) + len(pt.END)] + "\n"
+    source = re.search(r"perf_table\.py (bench/results/\S+\.json)", section).group(1)
+    assert (ROOT / source).exists(), source
+    assert pt.render(json.loads((ROOT / source).read_text()), source) == section
+
+
+def test_perf_table_two_paths_and_update(tmp_path):
+    bv = _load("bench/bench_verify.py", "_kdtree_bench_verify")
+    pt = _load("bench/perf_table.py", "_kdtree_perf_table2")
+    ceil = {"copy_tbps": 4.25, "matmul_tflops": 790.0, "mma_sync_tflops": 645.0}
+    paths = ["hopper", "portable"]
+    rows = [bv.finish_row({"shape": s._asdict(), "times_us": {"hopper": 10.0, "portable": 25.0, "triton": 200.0,
+                                                              "flashmla": 9.0}}, ceil, paths)
+            for s in bv.build_grid("ddtree")]
+    doc = bv.make_document(rows, ceil, bv.summarize(rows, ceil, paths), ["x"], {"gpu": "fake"}, paths)
+    text = pt.render(doc, "bench/results/x.json")
+    head = next(ln for ln in text.splitlines() if ln.startswith("| shape"))
+    assert "hopper µs" in head and "portable / FlashMLA" in head and "portable % mma.sync" in head
+    assert len([ln for ln in text.splitlines() if ln.startswith("| B")]) == 48
+    assert "- ddtree, portable grid (48 of 48 shapes): time / FlashMLA geomean 2.778" in text
+    assert "- customer, hopper grid (18 of 18 shapes)" in text and "time portable/hopper: geomean 2.500" in text
+    md = tmp_path / "perf.md"
+    md.write_text(f"intro\n{pt.BEGIN}\nold\n{pt.END}\noutro\n")
+    pt.update(md, text)
+    new = md.read_text()
+    assert new.startswith("intro\n") and new.endswith("\noutro\n") and "old" not in new and new.count(pt.BEGIN) == 1
+
+
+def test_results_index_lists_every_kept_file_and_the_readme_cites_only_kept_ones():
+    results = ROOT / "bench" / "results"
+    index = (results / "README.md").read_text()
+    kept = {p.name for p in results.iterdir() if p.name != "README.md"}
+    listed = set()
+    for m in re.finditer(r"`(20\d\d-\d\d-\d\d-[^`]+?)`(?: \(\+ `\.png`\))?", index):
+        listed.add(m.group(1))
+        if m.group(0).endswith("(+ `.png`)"):
+            listed.add(m.group(1).replace(".json", ".png"))
+    assert kept == listed, (kept - listed, listed - kept)
+    readme = (ROOT / "README.md").read_text()
+    cited = set(re.findall(r"(20\d\d-\d\d-\d\d-h200-[a-z0-9]+-[a-z-]+\.json)", readme))
+    for m in re.finditer(r"(20\d\d-\d\d-\d\d-h200-[a-z0-9]+-)\{([^}]*)\}\.json", readme):
+        cited |= {f"{m.group(1)}{part}.json" for part in m.group(2).split(",")}
+    assert cited and cited <= kept, cited - kept
+    for suffix in re.findall(r"\.\.\.-([a-z0-9]+-[a-z-]+\.json)", readme):  # `...-5aa5b7d-hopper-grid.json`
+        assert [f for f in kept if f.endswith("-" + suffix)], suffix
+
+
+# ------------------------------------------------------------------------------------------
+# diagnostics
+# ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("probe", ["gather_probe", "cluster_probe"])
 def test_device_probe_compiles_for_sm90a(tmp_path, probe):
-    """The standalone device diagnostics under bench/ (gather_probe.cu: the gather's copy paths;
-    cluster_probe.cu: how many CTA clusters of the Hopper kernel's shape fit) build with the
-    project's nvcc for sm_90a without warnings or spills, so they are ready for a device run."""
-    import subprocess
-
-    from kdtree_backend.build import find_nvcc
+    """The standalone device diagnostics (gather_probe.cu: the gather's copy paths; cluster_probe.cu:
+    how many CTA clusters of the Hopper kernel's shape fit) build with the project's nvcc for sm_90a
+    without warnings or spills, so they are ready for a device run."""
+    from kdtree_backend.kernel.build import find_nvcc
 
     nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found (the kernel build tests skip too)")
     out = tmp_path / probe
     r = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
-                        str(ROOT / "bench" / f"{probe}.cu"), "-o", str(out)], capture_output=True, text=True,
+                        str(ROOT / "bench" / "diag" / f"{probe}.cu"), "-o", str(out)], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert out.exists()
@@ -96,13 +374,11 @@ def test_device_probe_compiles_for_sm90a(tmp_path, probe):
     assert "spill stores" in r.stderr and " 0 bytes spill stores" in r.stderr, r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("call_series.py", "--gap-ms")])
+@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("call_series.py", "--gap-ms"),
+                                           ("kernel_times.py", "--calls"), ("smoke.py", "--profile-shape")])
 def test_diagnostic_scripts_get_through_their_imports(script, option):
-    """bench/timeline.py and bench/call_series.py import the op and the smoke batch builder at
-    start-up; their --help must come up on a machine without a GPU and name their options."""
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--help"], capture_output=True, text=True,
-                       timeout=300, env=clean_env(), cwd=ROOT)
+    """bench/diag/*.py import the op and smoke.py's batch builder at start-up; their --help must come
+    up on a machine without a GPU and name their options."""
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "diag" / script), "--help"], capture_output=True,
+                       text=True, timeout=300, env=clean_env(), cwd=ROOT)
     assert r.returncode == 0 and option in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]

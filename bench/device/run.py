@@ -1,0 +1,575 @@
+#!/usr/bin/env python3
+"""The device driver: every GPU job of this repository in ONE command line, run from the checkout
+root on the GPU machine (a copy of the tree without .git; the carried wheels in .whl/).
+
+    python3 bench/device/run.py [--commit SHA] [--budget S] [--dry-run] STEP [ARG ...] [STEP [ARG ...]] ...
+
+A step name starts a step and the words after it, up to the next step name, are its arguments.
+`NAME:SECONDS` gives the step its own time budget. Steps:
+
+  setup                        install .whl/*.whl into /tmp/site, build the library for this GPU
+                               (`python3 -m kdtree_backend.build --check`), record GPU and library info
+  tests PATHS                  GPU pytest (-m gpu tests/) once per kernel path: KDTREE_KERNEL=path, the
+                               kernel tests of that path and every other GPU test
+  sanitize PATHS               per path: racecheck over the smoke cases (bench/diag/smoke.py --small) and
+                               the sanitizer-sized consecutive-slot tests, memcheck over the path's
+                               sanitizer-sized kernel tests (KDTREE_TEST_SMALL=1)
+  bench GRID PATHS [OPT ...]   bench/bench_verify.py --grid GRID --paths PATHS, its --time-limit taken from
+                               the step's budget; OPTs go to bench_verify.py as they are
+  modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
+  profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
+                               sections, stall reasons, per-instruction (SASS) stall samples as CSV
+  ab NAME=LIB ... [paths=P]    the smoke shapes timed with variant libraries against this checkout's
+                               build: LIB is a built .so, or a directory holding another checkout
+                               (built here); geometric-mean time ratio per variant and path
+
+PATHS is hopper, portable, hopper,portable (or both); hopper is dropped on a GPU that is not
+compute capability 9.0. Any step takes `lib=FILE` (KDTREE_LIB for its commands); profile takes
+`name=REGEX` (the kernel-name filter). Budgets: --budget (default 570 s) is the whole command's;
+a step without its own gets its default (setup 240, tests 150 and sanitize 210 per path, modes 150,
+profile 240, ab 300 s), and `bench` steps share what is left after the later steps' budgets. A
+step that cannot get 20 s is skipped and reported.
+
+Output: under $OUT (or --out), at most 8 files: run.json (commit, command, each step's and
+command's exit code, seconds and summary lines), logs.tar.gz (every log and file of the work
+directory, rewritten after each step) and the result JSONs (bench-GRID.json, modes.json, ab.json;
+bench_verify.py rewrites its JSON after every shape). Logs live in --work (default
+/tmp/kdtree-device). --dry-run prints the commands without running anything (no GPU needed).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNEL_PATHS = ("hopper", "portable")
+PYTHON = "python3"
+SITE = "/tmp/site"
+DEFAULT_BUDGET = 570.0  # the device allows 600 s per command
+MIN_STEP_S = 20.0
+BENCH_TAIL_S = 60.0  # bench_verify.py: start-up before its clock, the shape in flight at the limit, the table
+MAX_RESULT_FILES = 6  # + run.json + logs.tar.gz = the 8 files $OUT brings back
+KERNEL_NAME_RE = {"hopper": "hopper_kernel", "portable": "verify_attention_kernel"}
+NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
+                "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SourceCounters")
+# step name -> (default budget in seconds, per kernel path?); None: shares what is left (bench)
+DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": (210.0, True), "bench": (None, False),
+                   "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False)}
+STEPS = tuple(DEFAULT_BUDGETS)
+TEST_SUMMARY = r"^(FAILED|ERROR)\b|\d+ (passed|failed|deselected)|no tests ran"
+
+
+class UsageError(ValueError):
+    pass
+
+
+@dataclasses.dataclass
+class Command:
+    """One process of a step (or, with `call`, a piece of work done in the driver itself)."""
+    label: str
+    argv: list
+    log: str
+    share: float = 1.0  # this command's part of the step's budget
+    env: dict = dataclasses.field(default_factory=dict)
+    echo: str = r"."  # lines of its log printed after it ends (regex)
+    echo_last: int = 4
+    cwd: Optional[str] = None
+    fatal: bool = False  # a failure stops the whole run (setup)
+    call: Optional[Callable] = None
+
+
+@dataclasses.dataclass
+class Step:
+    name: str
+    args: list
+    budget: Optional[float] = None  # seconds given as NAME:SECONDS
+    index: int = 0
+
+    def option(self, key: str) -> Optional[str]:
+        """A `key=value` argument (lib=..., name=..., paths=...)."""
+        vals = [a.split("=", 1)[1] for a in self.args if a.startswith(key + "=")]
+        return vals[-1] if vals else None
+
+    def plain(self) -> list:
+        """The arguments that are not `key=value` options of the driver."""
+        return [a for a in self.args if not re.match(r"^(lib|name|paths)=", a)]
+
+
+# ------------------------------------------------------------------------------------------
+# parsing
+# ------------------------------------------------------------------------------------------
+def parse_steps(words: list) -> list:
+    steps = []
+    for w in words:
+        name, _, secs = w.partition(":")
+        if name in STEPS:
+            budget = None
+            if secs:
+                try:
+                    budget = float(secs)
+                except ValueError:
+                    raise UsageError(f"{w!r}: the budget after ':' must be seconds") from None
+            steps.append(Step(name, [], budget, len(steps)))
+        elif not steps:
+            raise UsageError(f"{w!r} is not a step: the command line starts with one of {', '.join(STEPS)}")
+        else:
+            steps[-1].args.append(w)
+    if not steps:
+        raise UsageError(f"no steps given: choose from {', '.join(STEPS)}")
+    for s in steps:
+        _check_step(s)
+    outs = [result_file(s, steps) for s in steps]
+    outs = [o for o in outs if o]
+    if len(outs) > MAX_RESULT_FILES:
+        raise UsageError(f"{len(outs)} result files ({', '.join(outs)}): $OUT brings back {MAX_RESULT_FILES} besides "
+                         f"run.json and logs.tar.gz; put the grids of one path set into one bench step (main,ddtree)")
+    return steps
+
+
+def parse_paths(text: str) -> list:
+    if text == "both":
+        return list(KERNEL_PATHS)
+    paths = [p for p in text.split(",") if p]
+    if not paths or any(p not in KERNEL_PATHS for p in paths) or len(set(paths)) != len(paths):
+        raise UsageError(f"kernel paths {text!r}: want hopper, portable, hopper,portable or both")
+    return paths
+
+
+def _check_step(s: Step) -> None:
+    plain = s.plain()
+    need = {"tests": 1, "sanitize": 1, "bench": 2, "profile": 2}.get(s.name, 0)
+    if len(plain) < need:
+        usage = {"tests": "tests PATHS", "sanitize": "sanitize PATHS", "bench": "bench GRID PATHS [OPT ...]",
+                 "profile": "profile PATH SHAPE"}[s.name]
+        raise UsageError(f"step {s.name}: want `{usage}`, got {s.args}")
+    if s.name in ("tests", "sanitize", "bench"):
+        parse_paths(plain[1] if s.name == "bench" else plain[0])
+    if s.name in ("tests", "sanitize") and len(plain) > 1:
+        raise UsageError(f"step {s.name}: unexpected {plain[1:]}")
+    if s.name == "bench" and not re.fullmatch(r"[a-z]+(,[a-z]+)*", plain[0]):
+        raise UsageError(f"step bench: grid {plain[0]!r} (main, ddtree, customer, quick, or several: main,ddtree)")
+    if s.name == "profile":
+        if plain[0] not in KERNEL_PATHS:
+            raise UsageError(f"step profile: path {plain[0]!r} (hopper or portable)")
+        if not re.fullmatch(r"\d+,\d+,\d+,\d+", plain[1]):
+            raise UsageError(f"step profile: shape {plain[1]!r} (B,H,n,L)")
+    if s.name == "ab":
+        variants = [a for a in plain if "=" in a]
+        if not variants or len(variants) != len(plain):
+            raise UsageError(f"step ab: want NAME=LIB|CHECKOUT_DIR ... [paths=P], got {s.args}")
+        for v in variants:
+            if not re.fullmatch(r"[A-Za-z0-9_.-]+", v.split("=", 1)[0]) or v.split("=", 1)[0] == "default":
+                raise UsageError(f"step ab: variant name {v.split('=', 1)[0]!r} (letters, digits, . _ -; not default)")
+        if s.option("paths"):
+            parse_paths(s.option("paths"))
+    if s.name == "setup" and plain:
+        raise UsageError(f"step setup takes no arguments, got {plain}")
+
+
+def result_file(s: Step, steps: list) -> Optional[str]:
+    """The file this step writes straight into $OUT (None: only logs)."""
+    if s.name == "bench":
+        base = "bench-" + s.plain()[0].replace(",", "-")
+        same = [t for t in steps if t.name == "bench" and t.plain()[0] == s.plain()[0]]
+        return base + (f"-{same.index(s) + 1}" if len(same) > 1 else "") + ".json"
+    if s.name in ("modes", "ab"):
+        same = [t for t in steps if t.name == s.name]
+        return s.name + (f"-{same.index(s) + 1}" if len(same) > 1 else "") + ".json"
+    return None
+
+
+# ------------------------------------------------------------------------------------------
+# budgets
+# ------------------------------------------------------------------------------------------
+def nominal_budget(s: Step) -> Optional[float]:
+    if s.budget is not None:
+        return s.budget
+    base, per_path = DEFAULT_BUDGETS[s.name]
+    if base is None:
+        return None
+    return base * (len(parse_paths(s.plain()[0])) if per_path else 1)
+
+
+def step_budget(steps: list, i: int, remaining: float) -> float:
+    """Seconds for steps[i] when `remaining` seconds are left: its own budget (at most what is
+    left), or for a bench step without one an equal share of what the later steps leave."""
+    own = nominal_budget(steps[i])
+    if own is not None:
+        return max(0.0, min(own, remaining))
+    later = steps[i + 1:]
+    reserved = sum(b for b in (nominal_budget(s) for s in later) if b is not None)
+    sharing = 1 + sum(1 for s in later if nominal_budget(s) is None)
+    return max(0.0, (remaining - reserved) / sharing)
+
+
+# ------------------------------------------------------------------------------------------
+# the commands of each step
+# ------------------------------------------------------------------------------------------
+class Context:
+    def __init__(self, work: Path, out: Path, commit: str, dry_run: bool, capability: Optional[str] = None,
+                 wheels: str = ".whl"):
+        self.work, self.out, self.commit, self.dry_run = work, out, commit, dry_run
+        self._capability = capability
+        self.wheels = wheels
+
+    def capability(self) -> str:
+        if self._capability is None:
+            self._capability = "9.0" if self.dry_run else _nvidia_smi("compute_cap").splitlines()[0].strip()
+        return self._capability
+
+    def paths(self, text: str) -> list:
+        """The kernel paths of `text` this GPU has (hopper only on compute capability 9.0)."""
+        return [p for p in parse_paths(text) if p != "hopper" or self.capability() == "9.0"]
+
+    def base_env(self) -> dict:
+        # The checkout first: a wheel set that carries the project itself (bench/e2e/prepare-wheels.sh,
+        # for SGLang's entry point) must not shadow the sources under test.
+        return {"PYTHONPATH": f"{ROOT}:{SITE}:{ROOT}/.whl/placeholder", "PYTHONUNBUFFERED": "1",
+                "KDTREE_COMMIT": self.commit}
+
+
+def _nvidia_smi(fields: str) -> str:
+    try:
+        return subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unknown ({e})"
+
+
+def _pytest(*args) -> list:
+    return [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+
+
+def commands_setup(s: Step, ctx: Context) -> list:
+    wheels = sorted(glob.glob(str(ROOT / ctx.wheels / "*.whl"))) or [str(ROOT / ctx.wheels / "*.whl")]
+    return [
+        Command("install the carried wheels", [PYTHON, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                                               "--no-compile", "--no-cache-dir", "--upgrade", "--target", SITE, *wheels],
+                "setup-pip.log", share=0.3, fatal=True, echo=r"ERROR|error"),
+        Command("GPU", ["nvidia-smi", "--query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,power.limit",
+                        "--format=csv,noheader"], "setup-gpu.log", share=0.05),
+        Command("build the library", [PYTHON, "-m", "kdtree_backend.build", "--check"], "setup-build.log", share=0.6,
+                fatal=True, echo=r"built|error|warning|failed|spill"),
+        Command("doctor", [PYTHON, "-m", "kdtree_backend", "doctor"], "setup-doctor.log", share=0.05,
+                echo=r"library|GPU|version|ABI|arch", echo_last=8),
+    ]
+
+
+def commands_tests(s: Step, ctx: Context) -> list:
+    """Every GPU test once per path: the kernel tests' ids name their path (a module-scoped fixture
+    runs each on both), so `-k "not <the other path>"` keeps this path's and every test that names
+    no path; KDTREE_KERNEL=path sends the SGLang backend tests through it."""
+    paths = ctx.paths(s.plain()[0])  # (a CPU test module that fails to import must not stop the GPU tests)
+    return [Command(f"GPU tests, {p} path", _pytest("-m", "gpu", "--continue-on-collection-errors", "tests/", "-k",
+                                                    _not_other_paths(p), f"--junitxml={ctx.work}/junit-{p}.xml"),
+                    f"tests-{p}.log", share=1 / len(paths), env={"KDTREE_KERNEL": p}, echo=TEST_SUMMARY)
+            for p in paths]
+
+
+def _not_other_paths(p: str) -> str:
+    return " and ".join(f"not {q}" for q in KERNEL_PATHS if q != p)
+
+
+def commands_sanitize(s: Step, ctx: Context) -> list:
+    out = []
+    paths = ctx.paths(s.plain()[0])
+    san = ["compute-sanitizer", "--print-limit", "20"]
+    if "hopper" in paths:
+        # issue 26: does racecheck understand the Hopper kernel's named-barrier hand-off? The protocol
+        # alone, in three forms (bench/diag/racecheck_probe.cu), under racecheck; first, it takes seconds.
+        probe = str(ctx.work / "racecheck_probe")
+        out.append(Command("build the racecheck probe", ["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-o", probe,
+                                                         "bench/diag/racecheck_probe.cu"], "probe-build.log", share=0.1))
+        for mode in (0, 1, 2):
+            out.append(Command(f"racecheck probe, mode {mode}", [*san, "--tool", "racecheck", probe, str(mode), "4"],
+                               f"probe-racecheck-{mode}.log", share=0.06, echo=r"RACECHECK SUMMARY|RESULT"))
+    for p in paths:
+        small = {"KDTREE_KERNEL": p, "KDTREE_TEST_SMALL": "1"}
+        tests = ["tests/kernel/test_kernel_gpu.py"]
+        out += [
+            Command(f"racecheck, smoke cases ({p})", [*san, "--tool", "racecheck", PYTHON, "bench/diag/smoke.py",
+                                                      "--small", "--no-triton"],
+                    f"racecheck-{p}.log", share=0.3 / len(paths), env={"KDTREE_KERNEL": p},
+                    echo=r"RACECHECK SUMMARY|smoke"),
+            Command(f"racecheck, consecutive slots ({p})", [*san, "--tool", "racecheck", *_pytest(
+                "-x", *tests, "-k", f"consecutive_slots and {p}")], f"racecheck-slots-{p}.log", share=0.3 / len(paths),
+                env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
+            Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", p)],
+                    f"memcheck-{p}.log", share=0.4 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),
+        ]
+    return out
+
+
+def commands_bench(s: Step, ctx: Context, budget: float, out_name: str) -> list:
+    grid, paths, *opts = s.plain()
+    run_paths = ctx.paths(paths)
+    if not run_paths:
+        return [_nothing(f"bench {grid}: none of {paths} runs on compute capability {ctx.capability()}")]
+    limit = max(10.0, budget - BENCH_TAIL_S)
+    argv = [PYTHON, "bench/bench_verify.py", "--grid", grid, "--paths", ",".join(run_paths), "--no-plot",
+            "--commit", ctx.commit, "--time-limit", f"{limit:.0f}", "--out", str(ctx.out / out_name), *opts]
+    return [Command(f"bench {grid} ({','.join(run_paths)})", argv, f"bench-{grid.replace(',', '-')}.log",
+                    echo=r"^\[|speedup vs Triton|FlashMLA|large shapes|grid \(|^time |ceilings|skipped|JSON|^total",
+                    echo_last=40)]
+
+
+def _nothing(why: str) -> Command:
+    return Command(f"nothing to run: {why}", [], "nothing.log", call=lambda: why)
+
+
+def commands_modes(s: Step, ctx: Context, out_name: str) -> list:
+    opts = s.plain()
+    if not any(o == "--bs" or o.startswith("--bs=") for o in opts):
+        opts = ["--bs", "8,128", *opts]
+    return [Command("modes", [PYTHON, "bench/bench_modes.py", "--json", str(ctx.out / out_name), *opts], "modes.log",
+                    echo=r"^(mode|stock|off|validate|on)\b|forward_extend per call", echo_last=16)]
+
+
+def commands_profile(s: Step, ctx: Context) -> list:
+    path, shape = s.plain()[:2]
+    tag = f"{path}-{shape.replace(',', '_')}"
+    rep = ctx.work / f"prof-{tag}"
+    name_re = s.option("name") or KERNEL_NAME_RE[path]
+    sections = [a for sec in NCU_SECTIONS for a in ("--section", sec)]
+    sass = ctx.work / f"sass-stalls-{tag}.csv"
+    return [
+        Command(f"ncu {path} {shape}", ["ncu", "--clock-control", "none", "--kernel-name", f"regex:{name_re}",
+                                        "--launch-skip", "1", "--launch-count", "1", *sections, "--import-source", "no",
+                                        "-f", "-o", str(rep), PYTHON, "bench/diag/smoke.py", "--profile-shape", shape],
+                f"ncu-run-{tag}.log", share=0.8, env={"KDTREE_KERNEL": path}, echo=r"==PROF==|error|Error"),
+        Command("ncu report", ["ncu", "-i", f"{rep}.ncu-rep", "--print-units", "base"], f"ncu-{tag}.log", share=0.1,
+                echo=r"Duration|Throughput|Warp Cycles|Issue Slots|No Eligible|Registers|Tensor|DRAM", echo_last=14),
+        Command("SASS stall samples", ["sh", "-c", f"ncu -i {rep}.ncu-rep --page source --csv --print-source sass > {sass}"
+                                       f" && gzip -f {sass} && echo sass csv: {sass}.gz"],
+                f"sass-{tag}.log", share=0.1),
+    ]
+
+
+def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
+    paths = ctx.paths(s.option("paths") or "hopper")
+    variants = [a.split("=", 1) for a in s.plain()]
+    cmds, libs = [], {"default": None}
+    for name, target in variants:
+        lib = ctx.work / f"lib_{name}.so"
+        if target.endswith(".so"):
+            libs[name] = str(Path(target) if Path(target).is_absolute() else ROOT / target)
+            continue
+        checkout = Path(target) if Path(target).is_absolute() else ROOT / target
+        libs[name] = str(lib)
+        cmds.append(Command(f"build {name} from {target}", [PYTHON, "-m", "kdtree_backend.build", "--out", str(lib)],
+                            f"ab-build-{name}.log", share=0.3 / len(variants), cwd=str(checkout),
+                            env={"PYTHONPATH": f"{checkout}:{SITE}:{ROOT}/.whl/placeholder"}, echo=r"built|error"))
+    timing_share = 0.65 / len(libs)
+    for name, lib in libs.items():
+        cmds.append(Command(f"smoke timings, {name}", [PYTHON, "bench/diag/smoke.py", "--no-triton", "--configs",
+                                                       ",".join(paths), "--json", str(ctx.work / f"ab-{name}.json")],
+                            f"ab-{name}.log", share=timing_share, env={"KDTREE_LIB": lib} if lib else {},
+                            echo=r"BAD|smoke (PASSED|FAILED)"))
+    cmds.append(Command("A/B summary", [], "ab-summary.log", share=0.05,
+                        call=lambda: ab_summary(ctx.work, list(libs), paths, ctx.out / out_name)))
+    return cmds
+
+
+def ab_summary(work: Path, names: list, paths: list, out: Path) -> str:
+    """Per variant and path: geometric mean over the smoke shapes of its time / the default build's."""
+    def timings(name):
+        return json.loads((work / f"ab-{name}.json").read_text())["timings"]
+
+    base = timings("default")
+    res, lines = {}, []
+    for name in names[1:]:
+        try:
+            t = timings(name)
+        except (OSError, ValueError, KeyError) as e:
+            res[name] = {"error": f"{type(e).__name__}: {e}"}
+            lines.append(f"{name}: no timings ({e})")
+            continue
+        res[name] = {}
+        for p in paths:
+            r = [a["by_config"][p] / b["by_config"][p] for a, b in zip(t, base)]
+            g = math.exp(sum(map(math.log, r)) / len(r))
+            res[name][p] = {"geomean_time_vs_default": g, "per_shape": r}
+            lines.append(f"{name}/{p} time vs default: geomean {g:.3f} " + str([round(x, 3) for x in r]))
+    out.write_text(json.dumps({"paths": paths, "variants": res, "default": base}, indent=1))
+    return "\n".join(lines)
+
+
+def step_commands(s: Step, steps: list, ctx: Context, budget: float) -> list:
+    if s.name == "bench":
+        cmds = commands_bench(s, ctx, budget, result_file(s, steps))
+    elif s.name in ("modes", "ab"):
+        cmds = {"modes": commands_modes, "ab": commands_ab}[s.name](s, ctx, result_file(s, steps))
+    else:
+        cmds = {"setup": commands_setup, "tests": commands_tests, "sanitize": commands_sanitize,
+                "profile": commands_profile}[s.name](s, ctx)
+    lib = s.option("lib")
+    if lib:
+        lib = lib if Path(lib).is_absolute() else str(ROOT / lib)
+        for c in cmds:
+            c.env.setdefault("KDTREE_LIB", lib)
+    return cmds
+
+
+# ------------------------------------------------------------------------------------------
+# running
+# ------------------------------------------------------------------------------------------
+def command_timeout(cmds: list, k: int, budget: float, step_left: float, total_left: float) -> float:
+    """cmds[k]'s timeout: what is left of the step less the shares of the commands after it (time a
+    command did not use goes to the next), and never past the step's or the whole run's end."""
+    later = sum(c.share for c in cmds[k + 1:] if c.call is None) * budget
+    return max(0.0, min(max(step_left - later, min(cmds[k].share * budget, step_left)), step_left, total_left))
+
+
+def describe(c: Command, timeout: float) -> str:
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(c.env.items()))
+    cwd = f"(cd {c.cwd}) " if c.cwd else ""
+    what = "(driver) " + c.label if c.call else " ".join(shlex.quote(str(a)) for a in c.argv)
+    return f"  {cwd}{env + ' ' if env else ''}{what}  [timeout {timeout:.0f}s, log {c.log}]"
+
+
+def _echo(text: str, pattern: str, last: int) -> list:
+    rx = re.compile(pattern)
+    return [ln for ln in text.splitlines() if rx.search(ln)][-last:]
+
+
+def run_command(c: Command, ctx: Context, timeout: float) -> dict:
+    t0 = time.time()
+    log = ctx.work / c.log
+    if c.call is not None:
+        try:
+            text, rc = c.call(), 0
+        except Exception as e:  # noqa: BLE001 - reported like a failed process
+            text, rc = f"{type(e).__name__}: {e}", 1
+        log.write_text(text + "\n")
+    else:
+        env = {**os.environ, **ctx.base_env(), **c.env}
+        with open(log, "w") as f:
+            try:
+                rc = subprocess.run(c.argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=c.cwd or str(ROOT),
+                                    timeout=max(1.0, timeout)).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+            except OSError as e:
+                f.write(f"cannot start: {e}\n")
+                rc = 127
+        text = log.read_text(errors="replace")
+    shown = _echo(text, c.echo, c.echo_last)
+    res = {"label": c.label, "rc": rc, "seconds": round(time.time() - t0, 1), "log": c.log, "summary": shown}
+    print(f"  {c.label}: rc={rc}{' (timed out)' if rc == 124 else ''} in {res['seconds']:.0f}s", flush=True)
+    for ln in shown:
+        print(f"    {ln}", flush=True)
+    return res
+
+
+def bundle(ctx: Context, doc: dict) -> None:
+    """run.json and logs.tar.gz into $OUT (rewritten after every step: a run killed later keeps them)."""
+    (ctx.work / "run.json").write_text(json.dumps(doc, indent=1))
+    (ctx.out / "run.json").write_text(json.dumps(doc, indent=1))
+    tmp = ctx.out / ".logs.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in sorted(ctx.work.iterdir()):
+            if p.is_file() and not p.name.endswith(".ncu-rep"):
+                tar.add(p, arcname=p.name)
+    tmp.replace(ctx.out / "logs.tar.gz")
+
+
+def run(steps: list, ctx: Context, budget: float, argv: list) -> int:
+    start = time.time()
+    deadline = start + budget
+    doc = {"commit": ctx.commit, "command": " ".join(shlex.quote(a) for a in ["python3", "bench/device/run.py", *argv]),
+           "budget_s": budget, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)), "steps": []}
+    if not ctx.dry_run:
+        ctx.work.mkdir(parents=True, exist_ok=True)
+        for old in ctx.work.iterdir():  # an earlier call's logs on a machine kept warm
+            if old.is_file():
+                old.unlink()
+        ctx.out.mkdir(parents=True, exist_ok=True)
+        doc["gpu"] = _nvidia_smi("name,driver_version,compute_cap,clocks.max.sm,power.limit")
+    files = [f for f in (result_file(s, steps) for s in steps) if f] + ["run.json", "logs.tar.gz"]
+    print(f"budget {budget:.0f}s, commit {ctx.commit}, back in {ctx.out}: {', '.join(files)}"
+          + ("\n(dry run: nothing runs; each command's timeout is shown as if the ones before it took no time)"
+             if ctx.dry_run else ""), flush=True)
+    worst, stop = 0, False
+    for i, s in enumerate(steps):
+        remaining = deadline - time.time()
+        b = step_budget(steps, i, remaining)
+        label = " ".join([s.name, *s.args])
+        rec = {"step": label, "budget_s": round(b), "commands": []}
+        doc["steps"].append(rec)
+        if stop or b < MIN_STEP_S:
+            rec["skipped"] = "an earlier step failed fatally" if stop else f"no time left ({remaining:.0f}s)"
+            print(f"[{i + 1}/{len(steps)}] {label}: skipped ({rec['skipped']})", flush=True)
+            continue
+        print(f"[{i + 1}/{len(steps)}] {label} (budget {b:.0f}s)", flush=True)
+        cmds = step_commands(s, steps, ctx, b)
+        step_end = time.time() + b
+        for k, c in enumerate(cmds):
+            timeout = command_timeout(cmds, k, b, step_end - time.time(), deadline - time.time())
+            if ctx.dry_run:
+                print(describe(c, timeout), flush=True)
+                continue
+            if timeout < 5:
+                rec["commands"].append({"label": c.label, "skipped": "no time left in the step"})
+                print(f"  {c.label}: skipped (no time left in the step)", flush=True)
+                continue
+            res = run_command(c, ctx, timeout)
+            rec["commands"].append(res)
+            if res["rc"] != 0:
+                worst = worst or res["rc"]
+                if c.fatal:
+                    stop = True
+                    break
+        rec["seconds"] = round(time.time() - (step_end - b), 1)
+        if not ctx.dry_run:
+            bundle(ctx, doc)
+    doc["wall_s"] = round(time.time() - start, 1)
+    if not ctx.dry_run:
+        bundle(ctx, doc)
+    print(f"total {doc['wall_s']:.0f}s; exit codes in run.json", flush=True)
+    return 1 if worst else 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="bench/device/run.py", allow_abbrev=False, description=__doc__.splitlines()[0],
+                                 usage="%(prog)s [options] STEP [ARG ...] [STEP [ARG ...]] ...",
+                                 epilog="Steps: " + ", ".join(STEPS) + " (see the module docstring)")
+    ap.add_argument("--commit", default=os.environ.get("KDTREE_COMMIT", "nogit"),
+                    help="commit recorded in the results (default $KDTREE_COMMIT; the device copy has no .git)")
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET, help=f"seconds for everything (default {DEFAULT_BUDGET:.0f})")
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="where results come back (default $OUT)")
+    ap.add_argument("--work", default="/tmp/kdtree-device", help="logs and scratch files")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--capability", default=None, help="GPU compute capability to assume (default: nvidia-smi; 9.0 in a dry run)")
+    ap.add_argument("--wheels", default=".whl", help="the carried wheel folder setup installs (default .whl; "
+                    "bench/e2e/prepare-wheels.sh makes .whl-e2e, which also runs a real SGLang server)")
+    # the driver's options come before the first step; everything after belongs to the steps
+    first = next((i for i, w in enumerate(argv) if w.partition(":")[0] in STEPS), len(argv))
+    opts, stray = ap.parse_known_args(argv[:first])
+    try:
+        if stray:
+            raise UsageError(f"{stray[0]!r} is neither an option of the driver nor a step ({', '.join(STEPS)})")
+        steps = parse_steps(argv[first:])
+    except UsageError as e:
+        ap.error(str(e))
+    if not opts.out and not opts.dry_run:
+        ap.error("no $OUT: give --out DIR")
+    ctx = Context(Path(opts.work), Path(opts.out or "/tmp/out"), opts.commit, opts.dry_run, opts.capability,
+                  opts.wheels)
+    return run(steps, ctx, opts.budget, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
