@@ -6,6 +6,13 @@ the loop first asks whether the child is still alive (every `poll` seconds, 0.2 
 the HTTP probe runs in a background thread so that a slow `/health_generate` (it generates a real
 token) never delays noticing a dead child.
 
+After READY=1 the probing goes on, slower (every 10 s, 60 s per probe), for the server's whole life:
+a server that is alive but hung (a stuck scheduler, a collective that never returns) is as much a
+failure as a dead one. Each failed probe and each recovery is one line on stderr and a STATUS=; with
+systemd's watchdog (`WatchdogSec=`, hence `$WATCHDOG_USEC`) the launcher sends `WATCHDOG=1` only while
+the probes succeed, so systemd kills and restarts a hung server. Without systemd nothing but the
+child's death ends the launcher, unless `exit_on_hang` (KDTREE_EXIT_ON_HANG) is set.
+
 Stdlib only: the launcher is the unit's main process for the whole life of the server, so it stays
 small and imports nothing heavy.
 """
@@ -25,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Callable, Deque, List, Mapping, Optional, Sequence, TextIO, Tuple
 
-from . import sdnotify
+from kdtree_backend.launcher import sdnotify
 
 __all__ = [
     "probe",
@@ -248,6 +255,11 @@ class WatchConfig:
     start_timeout: float = 1800.0  # seconds until the server must answer the health URL
     probe_interval: float = 2.0  # seconds between probe starts
     probe_timeout: float = 30.0  # one /health_generate may take a while (a real generation)
+    # After READY=1: a pause of serving_probe_interval between probes, each allowed serving_probe_timeout
+    # (longer than SGLang's own 20 s /health_generate limit, after which it answers 503 itself).
+    serving_probe_interval: float = 10.0
+    serving_probe_timeout: float = 60.0
+    exit_on_hang: Optional[float] = None  # stop SGLang when unhealthy this long after READY (None: never)
     stop_timeout: float = 90.0  # after a forwarded stop, SIGKILL the child's process group
     tail_lines: int = 40
     poll: float = 0.2  # child liveness check period
@@ -269,7 +281,9 @@ def _set_pdeathsig_and_pgroup() -> None:  # runs in the child between fork and e
 class Supervisor:
     """Runs the child and watches it. `run()` returns the launcher's exit code."""
 
-    FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    # SIGABRT is what systemd's watchdog sends (WatchdogSignal=, default SIGABRT) to the main process
+    # when the keep-alives stopped: SGLang is stopped like on SIGTERM, and the launcher exits 134.
+    FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGABRT)
 
     def __init__(
         self,
@@ -285,8 +299,24 @@ class Supervisor:
         self.cfg = config
         self.env = dict(os.environ if env is None else env)
         self.notify_env = dict(os.environ if notify_env is None else notify_env)
-        # systemd hears only from us (NotifyAccess=main): the child gets no socket.
-        self.env.pop("NOTIFY_SOCKET", None)
+        # systemd hears only from us (NotifyAccess=main): the child gets no socket, and no watchdog
+        # variables (they name us, and a child that believed them would send keep-alives).
+        for var in ("NOTIFY_SOCKET",) + sdnotify.WATCHDOG_VARS:
+            self.env.pop(var, None)
+        self.watchdog_problem: Optional[str] = None
+        try:
+            usec = sdnotify.watchdog_usec(self.notify_env)
+        except ValueError as exc:
+            usec, self.watchdog_problem = None, str(exc)
+        if usec is not None:
+            try:
+                has_socket = sdnotify.socket_address(self.notify_env) is not None
+            except sdnotify.NotifyError:
+                has_socket = True  # reported by notify() when the first message fails
+            if not has_socket:
+                usec, self.watchdog_problem = None, "WATCHDOG_USEC is set but NOTIFY_SOCKET is not"
+        # seconds of systemd's watchdog (WatchdogSec=), None without one
+        self.watchdog: Optional[float] = None if usec is None else usec / 1e6
         self.env.setdefault("PYTHONUNBUFFERED", "1")  # a crash's last lines must reach the pipe
         self.stdout = stdout if stdout is not None else getattr(sys.stdout, "buffer", None)
         self.stderr_bin = stderr_bin if stderr_bin is not None else getattr(sys.stderr, "buffer", None)
@@ -297,6 +327,12 @@ class Supervisor:
         self.stop_requested_at: Optional[float] = None
         self._notify_warned = False
         self.ready = False
+        # health after READY
+        self.ready_at: Optional[float] = None
+        self.last_ok: float = 0.0  # when the last probe that succeeded returned
+        self.fail_streak = 0
+        self.last_fail_detail = ""
+        self.last_keepalive: float = -1e9
 
     # -- output ------------------------------------------------------------------------------
 
@@ -337,13 +373,14 @@ class Supervisor:
             self.stop_requested_at = time.monotonic()
         child = self.child
         if child is not None and child.poll() is None:
-            forward = signal.SIGTERM if signum == signal.SIGHUP else signum
+            forward = signal.SIGTERM if signum in (signal.SIGHUP, signal.SIGABRT) else signum
             try:
                 os.kill(child.pid, forward)
             except ProcessLookupError:
                 pass
         if first:
-            self.notify(f"STOPPING=1\nSTATUS=stopping: got {signal.Signals(signum).name}, forwarded to SGLang")
+            why = " (systemd's watchdog)" if signum == signal.SIGABRT else ""
+            self.notify(f"STOPPING=1\nSTATUS=stopping: got {signal.Signals(signum).name}{why}, forwarded to SGLang")
 
     def _install_signals(self):
         previous = {}
@@ -415,6 +452,8 @@ class Supervisor:
         assert self.child is not None
         self.say(f"started SGLang as pid {self.child.pid} (mode={cfg.mode}); waiting for {cfg.health_url} "
                  f"(deadline {cfg.start_timeout:g} s)")
+        if self.watchdog_problem:
+            self.say(f"warning: systemd's watchdog is not used: {self.watchdog_problem}")
         prober = AsyncProbe(cfg.health_url, cfg.probe_timeout)
         extend_usec = int(max(60.0, 3 * cfg.status_interval, cfg.probe_timeout + cfg.probe_interval) * 1e6)
         last_probe_start = -1e9
@@ -438,11 +477,7 @@ class Supervisor:
                     if ok:
                         # the child must still be alive at the moment we say READY
                         if self.child.poll() is None:
-                            self.ready = True
-                            took = time.monotonic() - t0
-                            self.say(f"SGLang is serving: {cfg.health_url} answered {last_detail} after {took:.1f} s; "
-                                     f"sent READY=1 (mode={cfg.mode})")
-                            self.notify(f"READY=1\nSTATUS=serving: {cfg.health_url} healthy after {took:.0f} s, mode={cfg.mode}")
+                            self._enter_serving(time.monotonic(), time.monotonic() - t0, last_detail)
                             continue
                 if not prober.in_flight and now - last_probe_start >= cfg.probe_interval:
                     prober.start()
@@ -459,7 +494,114 @@ class Supervisor:
                     last_progress = now
                     self.say(f"still loading: {now - t0:.0f} s of {cfg.start_timeout:g} s, pid {self.child.pid} alive, "
                              f"last probe: {last_detail}")
+            elif self._serving_tick(now):
+                return self._hung(now)
             time.sleep(cfg.poll)
+
+    # -- health after READY ------------------------------------------------------------------
+
+    def _enter_serving(self, now: float, took: float, detail: str) -> None:
+        cfg = self.cfg
+        self.ready = True
+        self.ready_at = self.last_ok = now
+        self.serving_prober = AsyncProbe(cfg.health_url, cfg.serving_probe_timeout)
+        self._serving_last_end = now
+        if self.watchdog is not None:
+            guard = (f"WATCHDOG=1 every {self.keepalive_period():g} s while healthy (systemd's WatchdogSec="
+                     f"{self.watchdog:g} s)")
+        elif cfg.exit_on_hang is not None:
+            guard = f"stops SGLang after {cfg.exit_on_hang:g} s unhealthy (KDTREE_EXIT_ON_HANG)"
+        else:
+            guard = "failures are reported only (no WatchdogSec=, no KDTREE_EXIT_ON_HANG)"
+        self.say(f"SGLang is serving: {cfg.health_url} answered {detail} after {took:.1f} s; sent READY=1 "
+                 f"(mode={cfg.mode}); probing every {cfg.serving_probe_interval:g} s, {guard}")
+        keepalive = ""
+        if self.watchdog is not None:
+            keepalive, self.last_keepalive = "\nWATCHDOG=1", now
+        self.notify(f"READY=1{keepalive}\nSTATUS=serving: {cfg.health_url} healthy after {took:.0f} s, mode={cfg.mode}")
+
+    def keepalive_period(self) -> float:
+        """Seconds between WATCHDOG=1: with every healthy probe, and never less often than WatchdogSec/2.
+
+        Sending with each probe (not just at WatchdogSec/2) makes systemd act about WatchdogSec after
+        the server stopped answering, whenever in the keep-alive cycle that happened.
+        """
+        assert self.watchdog is not None
+        return min(self.watchdog / 2, self.cfg.serving_probe_interval)
+
+    def healthy(self, now: float) -> bool:
+        """The last probe succeeded, and recently enough that the next one cannot be overdue."""
+        cfg = self.cfg
+        fresh = cfg.serving_probe_interval + cfg.serving_probe_timeout + 2 * cfg.poll + 1.0
+        return self.fail_streak == 0 and now - self.last_ok <= fresh
+
+    def _consequence(self, now: float) -> str:
+        parts = []
+        if self.watchdog is not None:
+            left = max(0.0, self.last_keepalive + self.watchdog - now)
+            parts.append(f"WATCHDOG=1 withheld: systemd stops the service in {left:.0f} s unless it recovers")
+        if self.cfg.exit_on_hang is not None:
+            left = max(0.0, self.last_ok + self.cfg.exit_on_hang - now)
+            parts.append(f"the launcher stops SGLang in {left:.0f} s unless it recovers (KDTREE_EXIT_ON_HANG)")
+        if not parts:
+            parts.append("reported only (no WatchdogSec=, no KDTREE_EXIT_ON_HANG)")
+        return "; ".join(parts)
+
+    def _serving_tick(self, now: float) -> bool:
+        """One turn of the health loop after READY; True when KDTREE_EXIT_ON_HANG says to stop."""
+        cfg = self.cfg
+        prober = self.serving_prober
+        result = prober.poll()
+        if result is None and prober.in_flight and prober.started_at is not None \
+                and now - prober.started_at > cfg.serving_probe_timeout + 5.0:
+            # the probe's own timeout did not fire (a stuck resolver, a trickling answer): a failure,
+            # and a fresh prober (the old thread is a daemon and is left behind)
+            result = (False, f"no answer within {now - prober.started_at:.0f} s (the probe did not return)")
+            self.serving_prober = prober = AsyncProbe(cfg.health_url, cfg.serving_probe_timeout)
+        if result is not None:
+            ok, detail = result
+            self._serving_last_end = now
+            if ok:
+                if self.fail_streak:
+                    self.say(f"SGLang is healthy again: {cfg.health_url} answered {detail} after {self.fail_streak} "
+                             f"failed probe(s), {now - self.last_ok:.0f} s without a healthy answer")
+                    self.notify(f"STATUS=serving: {cfg.health_url} healthy again after {self.fail_streak} failed "
+                                f"probe(s), mode={cfg.mode}")
+                self.fail_streak = 0
+                self.last_ok = now
+            else:
+                self.fail_streak += 1
+                self.last_fail_detail = detail
+                self.say(f"warning: health probe failed while serving ({self.fail_streak} in a row, last healthy "
+                         f"answer {now - self.last_ok:.0f} s ago): {cfg.health_url}: {detail}; {self._consequence(now)}")
+                self.notify(f"STATUS=unhealthy: {cfg.health_url} failed {self.fail_streak} probe(s) in a row ({detail}), "
+                            f"last healthy {now - self.last_ok:.0f} s ago, mode={cfg.mode}")
+        if not prober.in_flight and now - self._serving_last_end >= cfg.serving_probe_interval:
+            prober.start()
+        healthy = self.healthy(now)
+        if self.watchdog is not None and healthy and now - self.last_keepalive >= self.keepalive_period():
+            self.last_keepalive = now
+            self.notify("WATCHDOG=1")
+        return cfg.exit_on_hang is not None and not healthy and now - self.last_ok >= cfg.exit_on_hang
+
+    def health_summary(self, now: float) -> str:
+        if not self.ready:
+            return "not ready yet"
+        if self.fail_streak == 0:
+            return f"last healthy answer {now - self.last_ok:.0f} s ago"
+        return (f"last healthy answer {now - self.last_ok:.0f} s ago, {self.fail_streak} failed probe(s) since "
+                f"(last: {self.last_fail_detail})")
+
+    def _hung(self, now: float) -> int:
+        cfg = self.cfg
+        assert self.child is not None
+        self.print_tail(f"SGLang (pid {self.child.pid}) stopped answering {cfg.health_url}")
+        self.say(f"error: SGLang has not answered {cfg.health_url} healthy for {now - self.last_ok:.0f} s "
+                 f"({self.health_summary(now)}); KDTREE_EXIT_ON_HANG={cfg.exit_on_hang:g} s: stopping SGLang; "
+                 f"exiting {EXIT_DEADLINE}")
+        self.notify(f"STATUS=failed: no healthy answer for {now - self.last_ok:.0f} s (KDTREE_EXIT_ON_HANG)")
+        self._terminate_child(cfg.stop_timeout)
+        return EXIT_DEADLINE
 
     def _child_exited(self, rc: int, elapsed: float) -> int:
         self.tail.join(0.5)
@@ -498,23 +640,34 @@ class Supervisor:
                  f"(last probe: {last_detail}); stopping SGLang. Fix: raise KDTREE_START_TIMEOUT "
                  f"(and TimeoutStartSec) if loading is just slow; exiting {EXIT_DEADLINE}")
         self.notify(f"STATUS=failed: not healthy within {self.cfg.start_timeout:g} s")
+        self._terminate_child(min(self.cfg.stop_timeout, 30.0))
+        return EXIT_DEADLINE
+
+    def _terminate_child(self, grace: float) -> None:
+        """SIGTERM to SGLang, SIGKILL to its process group after `grace` seconds, then the leftovers."""
+        assert self.child is not None
         try:
             os.kill(self.child.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
-            self.child.wait(min(self.cfg.stop_timeout, 30.0))
+            self.child.wait(grace)
         except subprocess.TimeoutExpired:
             self._kill_group(signal.SIGKILL)
             self.child.wait()
+        self.tail.join(0.5)
         self._reap_leftovers()
-        return EXIT_DEADLINE
 
     def _wait_stop(self) -> int:
         """A stop was requested (signal forwarded): wait, bounded, then end the group."""
         assert self.child is not None and self.stop_requested_at is not None
         name = signal.Signals(self.stop_signal).name
-        self.say(f"got {name}: forwarded to SGLang (pid {self.child.pid}); waiting up to {self.cfg.stop_timeout:g} s")
+        if self.stop_signal == signal.SIGABRT:
+            self.say(f"got SIGABRT (systemd's watchdog signal: no WATCHDOG=1 within WatchdogSec; "
+                     f"{self.health_summary(time.monotonic())}): sent SIGTERM to SGLang (pid {self.child.pid}); "
+                     f"waiting up to {self.cfg.stop_timeout:g} s")
+        else:
+            self.say(f"got {name}: forwarded to SGLang (pid {self.child.pid}); waiting up to {self.cfg.stop_timeout:g} s")
         while True:
             rc = self.child.poll()
             if rc is not None:
@@ -532,6 +685,12 @@ class Supervisor:
     def _stopped(self, rc: int) -> int:
         sig = self.stop_signal
         self._reap_leftovers()
+        if sig == signal.SIGABRT:  # the watchdog (or an operator's kill -ABRT): never a clean stop
+            code = 128 + signal.SIGABRT
+            self.print_tail(f"SGLang {describe_returncode(rc)} after SIGABRT")
+            self.say(f"error: stopped SGLang ({describe_returncode(rc)}) on SIGABRT, systemd's watchdog signal "
+                     f"(no WATCHDOG=1 within WatchdogSec; {self.health_summary(time.monotonic())}); exiting {code}")
+            return code
         clean = rc == 0 or rc in (-signal.SIGTERM, -signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGINT)
         if sig is not None:
             clean = clean or rc in (-sig, 128 + sig)

@@ -5,12 +5,16 @@ FAKE_MODE says, after FAKE_AFTER seconds (default 1):
   crash    raise RuntimeError (a traceback on stderr, exit 1) while "loading"
   healthy  serve /health_generate: 503 until FAKE_AFTER, then 200; runs until signalled
   hang     serve 503 forever (never healthy)
+  hang_after  like healthy, but FAKE_HANG_AFTER seconds (default 2) after becoming healthy it hangs:
+           it still accepts connections but never answers a request that arrives during the hang,
+           which lasts FAKE_HANG_FOR seconds (default: forever); requests after it get 200 again.
+           The record holds hang_starts_at and hang_ends_at (wall clock, time.time()).
   exit0    exit 0 while loading (an engine death that reports success)
   sigkill  kill itself with SIGKILL
   configerror  print the plugin's one-line configuration error (as a scheduler's fail_fast does),
            then 60 lines of other output, then exit 1
-FAKE_RECORD=<file>: a JSON record of argv, whether NOTIFY_SOCKET was visible, and the signal that
-stopped it (written at start and again on SIGTERM/SIGINT).
+FAKE_RECORD=<file>: a JSON record of argv, whether NOTIFY_SOCKET (or WATCHDOG_USEC/WATCHDOG_PID) was
+visible, and the signal that stopped it (written at start and again on SIGTERM/SIGINT).
 FAKE_PIDFILE=<file>: the pid, written at start.
 FAKE_IGNORE_TERM=1: ignore SIGTERM (tests the stop timeout / SIGKILL escalation).
 FAKE_GRANDCHILD=1: start a long-sleeping grandchild that inherits stdout/stderr (like SGLang's
@@ -29,14 +33,22 @@ START = time.monotonic()
 MODE = os.environ.get("FAKE_MODE", "healthy")
 AFTER = float(os.environ.get("FAKE_AFTER", "1"))
 RECORD = os.environ.get("FAKE_RECORD")
+HANG_AFTER = float(os.environ.get("FAKE_HANG_AFTER", "2"))
+HANG_FOR = float(os.environ["FAKE_HANG_FOR"]) if os.environ.get("FAKE_HANG_FOR") else None
+HANG_START = START + AFTER + HANG_AFTER  # monotonic
 
 ap = argparse.ArgumentParser(add_help=False)
 ap.add_argument("--host", default="127.0.0.1")
 ap.add_argument("--port", type=int, default=30000)
 args, _unknown = ap.parse_known_args()
 
-state = {"argv": sys.argv[1:], "notify_socket_visible": "NOTIFY_SOCKET" in os.environ, "signal": None,
+state = {"argv": sys.argv[1:], "notify_socket_visible": "NOTIFY_SOCKET" in os.environ,
+         "watchdog_visible": any(v in os.environ for v in ("WATCHDOG_USEC", "WATCHDOG_PID")), "signal": None,
          "pid": os.getpid(), "pythonunbuffered": os.environ.get("PYTHONUNBUFFERED")}
+if MODE == "hang_after":
+    _wall = time.time() - (time.monotonic() - START)  # wall clock of START
+    state["hang_starts_at"] = _wall + AFTER + HANG_AFTER
+    state["hang_ends_at"] = None if HANG_FOR is None else state["hang_starts_at"] + HANG_FOR
 
 
 def write_record():
@@ -71,7 +83,11 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("FAKE_IGNORE_TERM
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        ready = MODE == "healthy" and time.monotonic() - START >= AFTER
+        now = time.monotonic()
+        if MODE == "hang_after" and now >= HANG_START and (HANG_FOR is None or now < HANG_START + HANG_FOR):
+            while True:  # hung: the connection is open, no answer ever comes
+                time.sleep(3600)
+        ready = MODE in ("healthy", "hang_after") and now - START >= AFTER
         code = 200 if ready and self.path in ("/health_generate", "/health") else 503
         body = b"ok" if code == 200 else b"starting"
         self.send_response(code)
@@ -86,7 +102,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 print(f"fake server: pid {os.getpid()} mode={MODE} after={AFTER} port={args.port}", flush=True)
 print("fake server: loading weights ...", file=sys.stderr, flush=True)
 
-if MODE in ("healthy", "hang"):
+if MODE in ("healthy", "hang", "hang_after"):
     srv = http.server.ThreadingHTTPServer((args.host, args.port), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     while True:

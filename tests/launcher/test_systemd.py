@@ -1,4 +1,5 @@
-"""The systemd files: lint (systemd-analyze verify, failing on any output), content, env file, arguments.
+"""The systemd files: lint (systemd-analyze verify, failing on any output), sandbox exposure (systemd-analyze
+security), content, env file, arguments.
 
 The lint is skipped ONLY when systemd-analyze is absent on this machine; CI installs it (Debian
 package `systemd`; `systemd/lint.sh` installs it itself when run outside pytest).
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SYSTEMD = ROOT / "systemd"
 LINT = SYSTEMD / "lint.sh"
 
@@ -85,6 +86,41 @@ def test_lint_fails_on_warnings_too(tmp_path, edit, needle):
     assert needle in proc.stderr
 
 
+def exposure(unit: Path, env=None) -> float:
+    """`systemd-analyze security --offline=yes` (no running systemd needed): the overall exposure, 0-10."""
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", "--no-pager", str(unit)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    m = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", proc.stdout)
+    assert m, f"no exposure level in systemd-analyze output (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return float(m.group(1))
+
+
+@needs_analyze
+def test_full_unit_sandbox_exposure_at_most_4_5(tmp_path):
+    unit = tmp_path / "sglang-kdtree.service"
+    unit.write_text((SYSTEMD / "sglang-kdtree.service").read_text())
+    level = exposure(unit)
+    assert level <= 4.5, level
+    # the measurement itself can fail: without the sandbox lines the same unit is rated UNSAFE
+    text = unit.read_text()
+    unit.write_text(text.split("# --- Sandbox", 1)[0] + "[Install]\nWantedBy=multi-user.target\n")
+    assert exposure(unit) > 8.0
+
+
+@needs_analyze
+def test_dropin_sandbox_exposure_on_a_root_base_unit(tmp_path):
+    """The drop-in on a bare base unit (runs as root, no sandbox of its own: rated about 9.6)."""
+    base = tmp_path / "sglang.service"
+    base.write_text("[Unit]\nDescription=base\n[Service]\nType=simple\n"
+                    "ExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/x\n"
+                    "[Install]\nWantedBy=multi-user.target\n")
+    bare = exposure(base)
+    (tmp_path / "sglang.service.d").mkdir()
+    (tmp_path / "sglang.service.d" / "50-kdtree.conf").write_text((SYSTEMD / "50-kdtree.conf").read_text())
+    level = exposure(base)
+    assert bare > 9.0 and level <= 4.5, (bare, level)
+
+
 def _check_service(sections, dropin: bool):
     svc = "Service"
     assert values(sections, svc, "Type") == ["notify"]
@@ -106,7 +142,44 @@ def _check_service(sections, dropin: bool):
     assert values(sections, svc, "TimeoutStartSec") == ["35min"]
     assert values(sections, "Unit", "StartLimitBurst") == ["3"]
     assert values(sections, "Unit", "StartLimitIntervalSec") == ["30min"]
+    # health after READY: a watchdog that tolerates a long generation, restarted on failure
+    watchdog = values(sections, svc, "WatchdogSec")
+    assert watchdog == ["5min"], watchdog
+    docs = " ".join(values(sections, "Unit", "Documentation")).split()
+    assert docs[0] == "file:///opt/sglang/kdtree-backend/docs/operations.md", docs
+    _check_sandbox(sections, dropin)
     return launcher
+
+
+NVIDIA_DEVICES = {"/dev/nvidiactl rw", "/dev/nvidia-uvm rw", "/dev/nvidia-uvm-tools rw", "char-nvidia rw",
+                  "char-nvidia-frontend rw", "char-nvidia-caps rw"}
+
+
+def _check_sandbox(sections, dropin: bool):
+    svc = "Service"
+    one = {k: v for k, v in sections[svc]}  # last value of each key
+    for key, want in (("NoNewPrivileges", "yes"), ("PrivateTmp", "yes"), ("ProtectKernelTunables", "yes"),
+                      ("ProtectKernelModules", "yes"), ("ProtectKernelLogs", "yes"), ("ProtectControlGroups", "yes"),
+                      ("RestrictSUIDSGID", "yes"), ("LockPersonality", "yes"), ("RestrictRealtime", "yes"),
+                      ("RestrictNamespaces", "yes"), ("SystemCallArchitectures", "native"), ("ProtectClock", "yes"),
+                      ("ProtectHostname", "yes"), ("CapabilityBoundingSet", ""), ("DevicePolicy", "closed"),
+                      ("ProtectProc", "invisible")):
+        assert one.get(key) == want, (key, one.get(key))
+    # the GPUs stay reachable, explicitly; never a private /dev, never W^X (Triton and torch JIT)
+    assert set(values(sections, svc, "DeviceAllow")) == NVIDIA_DEVICES
+    assert "PrivateDevices" not in one and "MemoryDenyWriteExecute" not in one and "ProcSubset" not in one
+    if dropin:
+        assert one["ProtectSystem"] == "full"
+    else:
+        assert one["ProtectSystem"] == "strict" and one["ProtectHome"] == "yes"
+        envs = values(sections, svc, "Environment")
+        # everything SGLang writes is a directory systemd makes writable under ProtectSystem=strict
+        assert values(sections, svc, "StateDirectory") == ["sglang"] and "HOME=/var/lib/sglang" in envs
+        assert values(sections, svc, "CacheDirectory") == ["sglang"]
+        for var in ("XDG_CACHE_HOME=/var/cache/sglang", "TRITON_CACHE_DIR=/var/cache/sglang/triton",
+                    "TORCHINDUCTOR_CACHE_DIR=/var/cache/sglang/torchinductor"):
+            assert var in envs, var
+        assert values(sections, svc, "ReadWritePaths") == ["/dev/shm"]
 
 
 def test_dropin_content():

@@ -1,7 +1,7 @@
 """kdtree-wait: waits for a URL while watching a PID or a systemd unit (real processes, loopback only).
 
 The unit case uses stand-in `systemctl`/`journalctl` scripts on PATH (no systemd runs in CI).
-The console script `kdtree-wait` is `python -m kdtree_backend.wait`; the module form is used here
+The console script `kdtree-wait` is `python -m kdtree_backend.launcher.wait`; the module form is used here
 so the tests do not depend on the package's scripts being installed.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fixtures_ops" / "fake_server.py"
 
 pytestmark = pytest.mark.timeout(60)
@@ -35,7 +35,7 @@ def start_fake(tmp_path, mode, after="1.0", **env):
 
 def wait_cmd(*args, env=None, timeout=40):
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "kdtree_backend.wait", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "kdtree_backend.launcher.wait", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
     return proc, time.monotonic() - t0
 
@@ -76,12 +76,56 @@ def test_dead_process_is_reported_at_once_with_log_tail(tmp_path):
         fake.wait()
 
 
-def test_missing_pid(tmp_path):
+def test_pid_that_does_not_exist_is_not_called_exited(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()  # reaped: the number is free
-    proc, elapsed = wait_cmd(url(free_port()), "--pid", str(p.pid))
-    assert proc.returncode == 1 and f"pid {p.pid} has exited" in proc.stderr
+    (tmp_path / "server.log").write_text("Traceback (most recent call last):\nRuntimeError: died at once\n")
+    proc, elapsed = wait_cmd(url(free_port()), "--pid", str(p.pid), "--log", str(tmp_path / "server.log"),
+                             "--timeout", "30")
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"kdtree-wait: error: pid {p.pid} does not exist (no such process: it never existed, "
+                           f"or exited before kdtree-wait started)"), proc.stderr
+    assert "has exited" not in proc.stderr
+    assert "RuntimeError: died at once" in proc.stderr  # a server that died before the wait: its log still helps
+    assert elapsed < 5  # at once, not after --timeout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        # a negative --tail used to crash with a traceback when the server died
+        (["--tail", "-1"], "kdtree-wait: error: argument --tail: '-1' is not a number of lines (0 or more"),
+        (["--tail", "many"], "kdtree-wait: error: argument --tail: 'many' is not a number of lines"),
+        # a URL without a scheme used to be probed (and fail) until the deadline
+        (["localhost:30000"], "kdtree-wait: error: argument url: 'localhost:30000' has no scheme; "
+                              "write http://localhost:30000/health_generate (or https://)"),
+        (["127.0.0.1:8000/health"], "has no scheme; write http://127.0.0.1:8000/health (or https://)"),
+        (["ftp://127.0.0.1/x"], "'ftp://127.0.0.1/x' is not an http(s) URL"),
+        # kill(0, ...) and kill(-1, ...) address process groups: "alive" forever
+        (["--pid", "0"], "kdtree-wait: error: argument --pid: '0' is not a process id"),
+        (["--pid", "-1"], "kdtree-wait: error: argument --pid: '-1' is not a process id"),
+    ],
+)
+def test_usage_errors_are_one_line_and_immediate(args, needle):
+    proc, elapsed = wait_cmd(*args, "--timeout", "30")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("kdtree-wait: error: ") and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
     assert elapsed < 5
+
+
+def test_tail_0_prints_no_log_lines(tmp_path):
+    fake, port = start_fake(tmp_path, "crash", after="0.3")
+    try:
+        proc, _ = wait_cmd(url(port), "--pid", str(fake.pid), "--log", str(tmp_path / "server.log"), "--tail", "0",
+                           "--interval", "0.2")
+        assert proc.returncode == 1, proc.stderr
+        assert "RuntimeError" not in proc.stderr and "has exited" in proc.stderr
+    finally:
+        fake.kill()
+        fake.wait()
 
 
 def test_deadline(tmp_path):
@@ -100,6 +144,7 @@ def test_deadline(tmp_path):
 def test_usage_error():
     proc, _ = wait_cmd("--timeout", "soon")
     assert proc.returncode == 2 and "not a positive duration" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
 def _fake_systemd(tmp_path) -> dict:
@@ -131,7 +176,7 @@ def test_unit_that_fails_is_reported_with_journal(tmp_path):
     env, state = _fake_systemd(tmp_path)
     state.write_text(_unit_state("activating", "start"))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kdtree_backend.wait", url(port), "--unit", "sglang.service",
+    proc = subprocess.Popen([sys.executable, "-m", "kdtree_backend.launcher.wait", url(port), "--unit", "sglang.service",
                              "--interval", "0.2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)

@@ -8,7 +8,8 @@ of its log.
     kdtree-wait http://127.0.0.1:30000/health_generate --pid 4242 --log /var/log/sglang.log
     kdtree-wait --unit sglang.service --timeout 30min          # URL defaults to :30000/health_generate
 
-Exit codes: 0 healthy; 1 the process/unit died (or was not there); 124 deadline; 2 usage error.
+Exit codes: 0 healthy; 1 the process/unit died (or was not there); 124 deadline; 2 usage error
+(one line: a URL without http:// or https://, a negative --tail, a --pid that is not a process id).
 Stdlib only.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +41,47 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration (e.g. 600, 90s, 20min, 1h)")
 
 
+def _lines(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines (0 or more; 0 prints none)")
+    return n
+
+
+def _pid(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n <= 0:  # kill(0, ...) and kill(-1, ...) address process groups: "alive" forever
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id (a positive number, e.g. $! after starting the server)")
+    return n
+
+
+def _url(text: str) -> str:
+    if re.match(r"^https?://[^/\s?#]+", text):
+        return text
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", text)
+    if m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL ({m.group(1)}://)")
+    # localhost:30000, 127.0.0.1:30000/health_generate, //host:port: a scheme is missing, and urllib
+    # would fail every probe until the deadline
+    rest = text.lstrip("/")
+    if "/" not in rest:
+        rest += "/health_generate"
+    raise argparse.ArgumentTypeError(f"{text!r} has no scheme; write http://{rest} (or https://)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as ONE line (argparse prints the whole usage first), exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # What we watch
 # ------------------------------------------------------------------------------------------------
@@ -51,6 +94,16 @@ class PidWatch:
         self.pid = pid
         self.start_time = self._start_time()
         self.label = f"pid {pid}"
+
+    def exists(self) -> bool:
+        """Whether the process exists at all (checked once, before waiting)."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # exists, owned by someone else
+        return True
 
     def _stat(self) -> Optional[List[str]]:
         try:
@@ -196,15 +249,16 @@ class Progress:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="kdtree-wait",
         description="Wait for a server's health URL while watching the process or systemd unit behind it; "
                     "exit 0 when healthy, non-zero at once when the process/unit dies (with its last log lines).",
         epilog="exit codes: 0 healthy, 1 process/unit died, 124 deadline, 2 usage error",
     )
-    ap.add_argument("url", nargs="?", default=DEFAULT_URL, help=f"health URL (default {DEFAULT_URL})")
+    ap.add_argument("url", nargs="?", default=DEFAULT_URL, type=_url,
+                    help=f"health URL, with http:// or https:// (default {DEFAULT_URL})")
     who = ap.add_mutually_exclusive_group()
-    who.add_argument("--pid", type=int, help="process id of the server to watch")
+    who.add_argument("--pid", type=_pid, help="process id of the server to watch")
     who.add_argument("--unit", help="systemd unit of the server to watch (e.g. sglang.service)")
     ap.add_argument("--log", metavar="FILE", help="log file whose last lines are printed when the server dies")
     ap.add_argument("--no-journal", action="store_true",
@@ -212,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=_duration, default=1800.0, help="deadline (default 30min; 600, 90s, 1h ...)")
     ap.add_argument("--interval", type=_duration, default=2.0, help="seconds between probes (default 2)")
     ap.add_argument("--probe-timeout", type=_duration, default=30.0, help="timeout of one probe (default 30)")
-    ap.add_argument("--tail", type=int, default=40, help="log lines printed on failure (default 40)")
+    ap.add_argument("--tail", type=_lines, default=40, help="log lines printed on failure (default 40; 0: none)")
     ap.add_argument("--quiet", action="store_true", help="no progress line")
     return ap
 
@@ -227,15 +281,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         err.flush()
 
     progress = Progress(err, quiet=args.quiet)
-    watch = None
-    if args.pid is not None:
-        watch = PidWatch(args.pid)
-    elif args.unit:
-        watch = UnitWatch(args.unit)
-    else:
-        say("warning: no --pid or --unit given: a dead server cannot be told from a starting one")
 
     def tail() -> None:
+        if args.tail == 0:
+            return
         lines: List[str] = []
         source = ""
         if args.log:
@@ -247,6 +296,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for line in lines:
                 err.write(f"  | {line}\n")
             err.flush()
+
+    watch = None
+    if args.pid is not None:
+        watch = PidWatch(args.pid)
+        if not watch.exists():  # not "has exited": we never saw it alive
+            tail()
+            say(f"error: pid {args.pid} does not exist (no such process: it never existed, or exited before "
+                f"kdtree-wait started); not waiting for {args.url}")
+            return EXIT_DIED
+    elif args.unit:
+        watch = UnitWatch(args.unit)
+    else:
+        say("warning: no --pid or --unit given: a dead server cannot be told from a starting one")
 
     t0 = time.monotonic()
     prober = AsyncProbe(args.url, args.probe_timeout)
