@@ -67,9 +67,9 @@ def testing_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
 # --- kernel selection ---------------------------------------------------------------------------
 # auto: the Hopper (wgmma) kernel on compute capability 9.0 when the library has it, else the
 # portable one. portable / hopper force a path (hopper on another GPU is an error, not a
-# fallback). rows32 is an experimental portable variant, for benchmarks (build --experimental).
+# fallback).
 ENV_KERNEL = "KDTREE_KERNEL"
-KERNEL_CHOICES = ("auto", "portable", "hopper", "rows32")
+KERNEL_CHOICES = ("auto", "portable", "hopper")
 
 
 def read_kernel_choice(environ: Optional[Mapping[str, str]] = None) -> str:
@@ -148,3 +148,62 @@ def read_validate_settings(environ: Optional[Mapping[str, str]] = None) -> Valid
     atol = _float(ENV_VALIDATE_ATOL, DEFAULT_VALIDATE_ATOL, lambda x: math.isfinite(x) and x >= 0.0, "a float >= 0")
     rtol = _float(ENV_VALIDATE_RTOL, DEFAULT_VALIDATE_RTOL, lambda x: math.isfinite(x) and x >= 0.0, "a float >= 0")
     return ValidateSettings(rate, atol, rtol)
+
+
+# --- every variable, checked together ----------------------------------------------------------
+# Every KDTREE_* variable this package reads (tests/test_config.py checks the package's sources name
+# no other). A KDTREE_* name outside this list is almost certainly a typo (KDTREE_VERIFIY=on leaves
+# the mode off): the launcher, the plugin's start-up line and the doctor warn about it.
+KNOWN_VARIABLES = (
+    ENV_MODE, ENV_LIB, ENV_ALLOW_UNSUPPORTED_SGLANG, ENV_FAKE_GPU_CAPABILITY, ENV_TESTING, ENV_KERNEL,
+    ENV_VALIDATE_SAMPLE_RATE, ENV_VALIDATE_ATOL, ENV_VALIDATE_RTOL,
+    # benchmark-only kernel tuning (kernel/ops.py)
+    "KDTREE_NUM_SPLITS", "KDTREE_MIN_KEYS_PER_SPLIT",
+    # the launcher's own settings (launcher/main.py OPTIONS)
+    "KDTREE_START_TIMEOUT", "KDTREE_HEALTH_URL", "KDTREE_PROBE_INTERVAL", "KDTREE_PROBE_TIMEOUT",
+    "KDTREE_SERVING_PROBE_INTERVAL", "KDTREE_SERVING_PROBE_TIMEOUT", "KDTREE_EXIT_ON_HANG",
+    "KDTREE_STOP_TIMEOUT", "KDTREE_LOG_TAIL_LINES", "KDTREE_ARG_PREFLIGHT", "KDTREE_PREFLIGHT_TIMEOUT",
+    "KDTREE_LAUNCH_CHILD_CMD",
+    # tests / the CPU test kit
+    "KDTREE_HOOK_BACKEND_CPU", "KDTREE_REQUIRE_SYSTEMD_ANALYZE", "KDTREE_VENV", "KDTREE_COMMIT",
+)
+
+
+def unknown_variables(environ: Optional[Mapping[str, str]] = None) -> list:
+    """Warnings for KDTREE_* variables this package does not read, each with the closest known name."""
+    import difflib
+
+    out = []
+    for name in sorted(_env(environ)):
+        if name.startswith("KDTREE_") and name not in KNOWN_VARIABLES:
+            close = difflib.get_close_matches(name, KNOWN_VARIABLES, n=1, cutoff=0.75)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            out.append(f"warning: {name} is not a kdtree-backend variable and is ignored{hint}")
+    return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every KDTREE_* switch of the plugin, read and validated together."""
+
+    mode: Mode
+    validate: ValidateSettings
+    kernel: str
+    allow_unsupported_sglang: bool
+
+
+def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """Read and validate KDTREE_VERIFY, the KDTREE_VALIDATE_* settings, KDTREE_KERNEL and
+    KDTREE_ALLOW_UNSUPPORTED_SGLANG; the first bad value raises `KdtreeModeError` naming it.
+
+    One function for every caller: the plugin's register(), the launcher's preflight and the doctor
+    refuse exactly the same values. With KDTREE_VERIFY=off nothing but the mode is used, and the
+    callers read the mode alone (`read_mode`): an unused setting never stops a server that does not
+    run the kernel.
+    """
+    return Settings(
+        mode=read_mode(environ),
+        validate=read_validate_settings(environ),
+        kernel=read_kernel_choice(environ),
+        allow_unsupported_sglang=allow_unsupported_sglang(environ),
+    )

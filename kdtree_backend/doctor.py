@@ -6,6 +6,14 @@ and whether the hook would be active. Exit 0 only when the configured mode can r
 off needs a valid configuration; validate/on need a supported sglang, the installed entry
 point, a library that loads, and at least one GPU, every one of them covered by the library.
 Imports neither sglang nor torch, so it answers in well under a second.
+
+Every KDTREE_* variable goes through the same validation as the launcher's (config.read_settings
+for the plugin's switches, the launcher's own parser for its settings), and unknown KDTREE_* names
+are reported (a typo such as KDTREE_VERIFIY leaves the mode off). With SGLang's arguments after
+`--` (`kdtree-doctor -- --model-path ... --attention-backend triton ...`), the doctor also runs the
+launcher's argument preflight, which applies the same static server check the plugin runs in
+every SGLang process (kdtree_backend.sglang.server_check): it then says whether a TARGET_VERIFY
+call of that server could reach the kernel, or names the flag that keeps it from running.
 """
 from __future__ import annotations
 
@@ -16,7 +24,9 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Tuple
 
 import kdtree_backend
-from kdtree_backend import abi, loader, plugin
+from kdtree_backend.kernel import abi
+from kdtree_backend.kernel import loader
+from kdtree_backend.sglang import plugin
 from kdtree_backend.config import (
     ENV_ALLOW_UNSUPPORTED_SGLANG,
     ENV_FAKE_GPU_CAPABILITY,
@@ -27,7 +37,9 @@ from kdtree_backend.config import (
     Mode,
     read_kernel_choice,
     read_mode,
+    read_settings,
     resolve_kernel,
+    unknown_variables,
 )
 from kdtree_backend.errors import KdtreeConfigError
 
@@ -51,6 +63,24 @@ def diagnose(environ: Optional[Mapping[str, str]] = None) -> Tuple[List[Tuple[st
         rows.append(("mode", f"INVALID: {err}"))
         problems.append(str(err))
     active = mode in (Mode.VALIDATE, Mode.ON)
+    if active:
+        try:
+            settings = read_settings(env)
+            v = settings.validate
+            rows.append(("settings", f"{ENV_KERNEL}={settings.kernel}; validate sample rate {v.sample_rate}, "
+                                     f"atol {v.atol}, rtol {v.rtol}"))
+        except KdtreeConfigError as err:
+            rows.append(("settings", f"INVALID: {err}"))
+            problems.append(str(err))
+    try:
+        from kdtree_backend.launcher.main import LaunchConfigError, split_args
+
+        split_args([], env)
+    except LaunchConfigError as err:
+        rows.append(("launcher", f"INVALID: {err}"))
+        problems.append(str(err))
+    for warning in unknown_variables(env):
+        rows.append(("variables", warning))
 
     # sglang
     version = plugin.sglang_version()
@@ -143,10 +173,38 @@ def diagnose(environ: Optional[Mapping[str, str]] = None) -> Tuple[List[Tuple[st
     return rows, problems, mode
 
 
+def check_server(sglang_args: List[str], mode: Optional[Mode], environ: Mapping[str, str]) -> Tuple[List[Tuple[str, str]], List[str]]:
+    """The launcher's SGLang argument preflight (the same subprocess), for `kdtree-doctor -- <args>`."""
+    from kdtree_backend.launcher.main import run_arg_preflight
+
+    if mode is None:
+        return [("server", "not checked: the mode is invalid")], []
+    try:
+        outcome = run_arg_preflight(sglang_args, mode.value, environ, 300.0)
+    except Exception as err:  # run_arg_preflight raises the launcher's own errors: report them as problems
+        return [("server", f"REFUSED: {err}")], [str(err)]
+    rows = [("server", w) for w in outcome.get("warnings", [])] if isinstance(outcome, dict) else []
+    if isinstance(outcome, dict) and outcome.get("status") == "error":
+        line = str(KdtreeConfigError(outcome.get("cause", "?"), outcome.get("fix", "?")))
+        return rows + [("server", f"REFUSED: {line}")], [line]
+    rows.append(("server", f"SGLang arguments parsed and resolved; {'the kdtree kernel can serve target verify' if mode is not Mode.OFF else 'no kernel (off)'}"))
+    return rows, []
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="kdtree-doctor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="kdtree-doctor", description=__doc__.split("\n\n")[0],
+                                     usage="kdtree-doctor [-- SGLANG_ARGS ...]")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sglang_args = None
+    if "--" in argv:
+        i = argv.index("--")
+        argv, sglang_args = argv[:i], argv[i + 1:]
     parser.parse_args(argv)
     rows, problems, mode = diagnose()
+    if sglang_args is not None:
+        more_rows, more_problems = check_server(sglang_args, mode, os.environ)
+        rows += more_rows
+        problems += more_problems
     width = max(len(label) for label, _ in rows)
     print("kdtree-backend doctor")
     for label, text in rows:

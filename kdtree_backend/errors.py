@@ -53,8 +53,10 @@ class KdtreeModeError(KdtreeConfigError):
         super().__init__(cause, fix or f"set {variable} to one of: {valid} (or unset it for the default)")
 
 
-class KdtreeLibraryError(KdtreeConfigError):
-    """The compiled kernel library cannot be used: missing, not loadable, wrong symbols/ABI/arch."""
+class KdtreeLibraryError(KdtreeConfigError, RuntimeError):
+    """The compiled kernel library cannot be used: missing, not loadable, wrong symbols/ABI/arch,
+    no kernel image for this GPU, or a launch it refused. The one library-error class: the loader
+    raises it at start-up, the op (kernel.ops) at the first call on a GPU; a RuntimeError too."""
 
     def __init__(self, cause: str, fix: str, *, path=None):
         self.path = path

@@ -23,7 +23,8 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
   msgspec pydantic pyzmq tqdm ipython aiohttp dill einops gguf partial-json-parser \
   transformers==5.19.0 tokenizers==0.23.2 sentencepiece==0.2.1 apache-tvm-ffi==0.1.11 \
   compressed-tensors==0.18.0 openai==2.8.0 uvicorn fastapi setproctitle uvloop \
-  pytest pytest-timeout structlog prometheus-client matplotlib
+  pytest pytest-timeout structlog prometheus-client matplotlib \
+  jsonschema==4.26.0 xgrammar==0.2.7 soundfile==0.13.1 python-multipart==0.0.34
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 cp "$root/scripts/cpu_env/kdtree_cpu_torchvision_shim.py" "$site/"
 echo "import kdtree_cpu_torchvision_shim" > "$site/kdtree_cpu_torchvision_shim.pth"

@@ -109,7 +109,7 @@ def _gcc(src: Path, out: Path, *defines: str) -> None:
 
 @pytest.fixture(scope="session")
 def fake_libs(tmp_path_factory) -> FakeLibs:
-    from kdtree_backend import abi
+    from kdtree_backend.kernel import abi
 
     d = tmp_path_factory.mktemp("fake_libs")
     src = FIXTURES / "fake_kdtree_lib.c"

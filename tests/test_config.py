@@ -83,7 +83,7 @@ def test_allow_unsupported_sglang_rejects_other_values():
 
 # The entry point itself, in a fresh process, for every bad value: the process must stop with 78
 # and one line naming variable, value and valid values (no sglang import happens on this path).
-_REGISTER = "from kdtree_backend import plugin; plugin.register(); print('REGISTER RETURNED')"
+_REGISTER = "from kdtree_backend.sglang import plugin; plugin.register(); print('REGISTER RETURNED')"
 
 
 @pytest.mark.parametrize("raw", ["vaildate", "1", "true", ""])
@@ -111,7 +111,7 @@ def test_register_off_installs_nothing_and_does_not_import_sglang():
      ("KDTREE_VALIDATE_ATOL", "-1"), ("KDTREE_VALIDATE_RTOL", "nan")],
 )
 def test_bad_validate_settings_fail_preflight(name, raw):
-    from kdtree_backend import plugin
+    from kdtree_backend.sglang import plugin
     from kdtree_backend.errors import KdtreeModeError
 
     with pytest.raises(KdtreeModeError) as info:
@@ -130,16 +130,16 @@ def test_validate_settings_defaults_and_values():
 # --- kernel selection: KDTREE_KERNEL ------------------------------------------------------------
 
 @pytest.mark.parametrize("raw, choice", [(None, "auto"), ("", "auto"), (" Hopper ", "hopper"), ("portable", "portable"),
-                                         ("auto", "auto"), ("rows32", "rows32")])
+                                         ("auto", "auto")])
 def test_kernel_choice_values(raw, choice):
     from kdtree_backend.config import read_kernel_choice
 
     assert read_kernel_choice({} if raw is None else {"KDTREE_KERNEL": raw}) == choice
 
 
-@pytest.mark.parametrize("raw", ["wgmma", "1", "sm90", "portable,hopper"])
+@pytest.mark.parametrize("raw", ["wgmma", "1", "sm90", "portable,hopper", "rows32"])
 def test_bad_kernel_choice_fails_preflight_naming_valid_values(raw):
-    from kdtree_backend import plugin
+    from kdtree_backend.sglang import plugin
     from kdtree_backend.errors import KdtreeModeError
 
     with pytest.raises(KdtreeModeError) as info:
@@ -158,7 +158,6 @@ def test_bad_kernel_choice_stops_the_plugin_at_load():
 @pytest.mark.parametrize("choice, cap, has_hopper, path", [
     ("auto", (9, 0), True, "hopper"), ("auto", (9, 0), False, "portable"), ("auto", (12, 0), True, "portable"),
     ("auto", (8, 0), True, "portable"), ("portable", (9, 0), True, "portable"), ("hopper", (9, 0), True, "hopper"),
-    ("rows32", (9, 0), True, "rows32"),
 ])
 def test_resolve_kernel(choice, cap, has_hopper, path):
     from kdtree_backend.config import resolve_kernel
@@ -174,3 +173,45 @@ def test_forced_hopper_never_degrades_to_portable(cap, has_hopper, needle):
     with pytest.raises(ValueError, match=needle) as info:
         resolve_kernel("hopper", cap, has_hopper)
     assert "Fix:" in str(info.value)
+
+
+def test_every_kdtree_variable_the_package_reads_is_known():
+    """A KDTREE_* name outside config.KNOWN_VARIABLES is reported as a typo: the list must hold every
+    variable the package's sources (and the launcher's options) name."""
+    import re
+    from pathlib import Path
+
+    from kdtree_backend import config
+
+    root = Path(config.__file__).resolve().parent
+    named = set()
+    for path in root.rglob("*.py"):
+        named |= set(re.findall(r"\bKDTREE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text()))
+    named -= {"KDTREE_ABI_VERSION", "KDTREE_MAX_QO_LEN", "KDTREE_CONFIG_PORTABLE", "KDTREE_CONFIG_HOPPER",
+              "KDTREE_CONFIG_RESERVED_1", "KDTREE_WITH_HOPPER", "KDTREE_PROFILER", "KDTREE_BUILT_ARCHS",
+              "KDTREE_LIBRARY_VERSION", "KDTREE_OK",  # C macros and enum names quoted in comments
+              "KDTREE_VERIFIY"}  # the typo the comments use as the example of an unknown variable
+    named = {n for n in named if not n.startswith(("KDTREE_ERR_", "KDTREE_CONFIG_"))}
+    missing = sorted(named - set(config.KNOWN_VARIABLES))
+    assert not missing, f"add to config.KNOWN_VARIABLES: {missing}"
+
+
+def test_unknown_kdtree_variables_are_named_with_the_closest_known_one():
+    from kdtree_backend.config import unknown_variables
+
+    warnings = unknown_variables({"KDTREE_VERIFIY": "on", "KDTREE_VERIFY": "off", "OTHER": "1"})
+    assert warnings == ["warning: KDTREE_VERIFIY is not a kdtree-backend variable and is ignored "
+                        "(did you mean KDTREE_VERIFY?)"]
+
+
+def test_read_settings_names_the_first_bad_variable():
+    from kdtree_backend.config import read_settings
+    from kdtree_backend.errors import KdtreeModeError
+
+    s = read_settings({"KDTREE_VERIFY": "on", "KDTREE_KERNEL": "portable", "KDTREE_VALIDATE_SAMPLE_RATE": "0.5"})
+    assert s.kernel == "portable" and s.validate.sample_rate == 0.5
+    for env, name in [({"KDTREE_VALIDATE_SAMPLE_RATE": "abc"}, "KDTREE_VALIDATE_SAMPLE_RATE"),
+                      ({"KDTREE_KERNEL": "fast"}, "KDTREE_KERNEL"),
+                      ({"KDTREE_ALLOW_UNSUPPORTED_SGLANG": "yes"}, "KDTREE_ALLOW_UNSUPPORTED_SGLANG")]:
+        with pytest.raises(KdtreeModeError, match=name):
+            read_settings({"KDTREE_VERIFY": "on", **env})

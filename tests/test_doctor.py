@@ -36,7 +36,9 @@ def test_validate_with_a_good_library_and_a_covered_gpu_is_ok(fake_libs):
     proc = _doctor(env, console_script=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "loads: yes; version fake-for-tests; ABI 1; built for sm_90, sm_120" in out
+    from kdtree_backend.kernel import abi
+
+    assert f"loads: yes; version fake-for-tests; ABI {abi.ABI_VERSION}; built for sm_90, sm_120" in out
     assert "compute capability 9.0 (supported by the library)" in out
     assert "kernel path: portable" in out  # the fake library has no Hopper kernel: auto -> portable
     assert "TEST MODE" in out
@@ -113,3 +115,17 @@ def test_bad_kernel_choice_fails_naming_valid_values(fake_libs):
     proc = _doctor(env)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "KDTREE_KERNEL" in proc.stdout and "'fastest'" in proc.stdout and "auto, portable, hopper" in proc.stdout
+
+
+def test_doctor_runs_the_launchers_validation_of_every_variable(fake_libs):
+    """Today's bug: the doctor said OK for KDTREE_VALIDATE_SAMPLE_RATE=abc, which the launcher refuses."""
+    base = dict(KDTREE_VERIFY="validate", KDTREE_LIB=str(fake_libs.good), KDTREE_TESTING="1",
+                KDTREE_FAKE_GPU_CAPABILITY="9.0")
+    for extra, needle in [({"KDTREE_VALIDATE_SAMPLE_RATE": "abc"}, "KDTREE_VALIDATE_SAMPLE_RATE='abc'"),
+                          ({"KDTREE_VALIDATE_ATOL": "-1"}, "KDTREE_VALIDATE_ATOL='-1'"),
+                          ({"KDTREE_START_TIMEOUT": "soon"}, "KDTREE_START_TIMEOUT")]:
+        proc = _doctor(clean_env(**base, **extra))
+        assert proc.returncode == 1, proc.stdout
+        assert needle in proc.stdout and "cannot run here" in proc.stdout, proc.stdout
+    proc = _doctor(clean_env(**base, KDTREE_VERIFIY="on"))
+    assert proc.returncode == 0 and "KDTREE_VERIFIY is not a kdtree-backend variable" in proc.stdout, proc.stdout

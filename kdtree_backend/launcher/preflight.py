@@ -16,8 +16,11 @@ What it does, in order:
 4. Our own precondition: `KDTREE_VERIFY=validate` needs `--enable-metrics`.
 5. `ServerArgs.resolve_once()`: reads the model's config.json, runs every check; a bare
    `AssertionError` or a `ValueError` becomes one line naming the options and the fix.
-6. With validate/on: the resolved attention backend must be triton (else the kernel would never
-   run: refused); no speculative algorithm is warned about (the kernel would stay idle).
+6. With validate/on: kdtree_backend.sglang.server_check, the static check the plugin also runs in
+   every SGLang process: a configuration under which no verify call could reach the kernel (verify
+   backend not triton, no speculative algorithm, fp8 KV cache, fp16, deterministic inference, too
+   many drafts, a non-MLA model, ...) is refused. In every mode: speculative flags without
+   --speculative-algorithm are warned about (SGLang ignores them).
 7. A value given explicitly that resolution replaced (`--speculative-eagle-topk 1` rewrites the
    draft-token count) is warned about.
 
@@ -344,6 +347,7 @@ def run_preflight(argv: Sequence[str], mode: str) -> Outcome:
     # 6. would the kernel ever run? It replaces TritonAttnBackend.forward_extend in TARGET_VERIFY.
     if mode in ("validate", "on"):
         check_kernel_reachable(sa, mode, out)
+    warn_spec_flags_without_algorithm(argv, sa, out)
     # 7. values the operator gave that SGLang's resolution silently replaced
     warn_overridden(sa, out)
     return out
@@ -379,29 +383,37 @@ def warn_overridden(sa, out: Outcome) -> None:
 
 
 def check_kernel_reachable(sa, mode: str, out: Outcome) -> None:
-    """Refuse a mode that asks for the kernel when SGLang resolved a non-Triton attention backend."""
-    try:
-        from sglang.srt.arg_groups.model_override_base import attention_backends_of, resolved_view
+    """Refuse a configuration under which no TARGET_VERIFY call could ever reach the kernel.
 
-        rv = resolved_view(sa)
-        prefill, decode = attention_backends_of(rv)
-        spec = getattr(rv, "speculative_algorithm", None)
-    except Exception as exc:  # an SGLang-internal API moved: say so, do not guess
-        out.warnings.append(f"warning: could not read SGLang's resolved attention backend ({type(exc).__name__}: "
-                            f"{one_line(exc)}); cannot confirm that KDTREE_VERIFY={mode} will reach the kernel")
+    The same static check the plugin runs in every SGLang process (kdtree_backend.sglang.server_check):
+    the first refusal is the error line, the others are named in it.
+    """
+    from kdtree_backend.sglang import server_check
+
+    result = server_check.check(sa, mode)
+    out.warnings.extend(result.warnings)
+    if result.refusals:
+        first = result.refusals[0].error(mode)
+        others = [r.reason for r in result.refusals[1:]]
+        cause = first.cause + (f" (also refused: {', '.join(others)})" if others else "")
+        raise PreflightError(cause, first.fix)
+
+
+def warn_spec_flags_without_algorithm(argv: Sequence[str], sa, out: Outcome) -> None:
+    """--speculative-eagle-topk / -num-draft-tokens / -num-steps without --speculative-algorithm: SGLang
+    ignores them silently (the seed incident's mistake). Warned about in every mode."""
+    from kdtree_backend.sglang.server_check import _get, _view
+
+    algo = _get(_view(sa), sa, "speculative_algorithm")
+    if algo and str(getattr(algo, "name", algo)).upper() != "NONE":
         return
-    if prefill != "triton" and decode != "triton":
-        raise PreflightError(
-            f"KDTREE_VERIFY={mode} replaces the attention of SGLang's Triton backend, but SGLang resolved the "
-            f"attention backend to {prefill} (prefill) and {decode} (decode), so the kernel would never run",
-            "add --attention-backend triton to the SGLang arguments (or set KDTREE_VERIFY=off)",
+    given = [t.split("=", 1)[0] for t in argv if t.split("=", 1)[0] in SPEC_TRIPLE]
+    if given:
+        out.warnings.append(
+            f"warning: {', '.join(dict.fromkeys(given))} {'is' if len(set(given)) == 1 else 'are'} given without "
+            f"--speculative-algorithm, so SGLang ignores {'it' if len(set(given)) == 1 else 'them'} and runs without "
+            f"speculative decoding. Fix: add --speculative-algorithm (e.g. EAGLE), or drop the speculative flags."
         )
-    if prefill != decode:
-        out.warnings.append(f"warning: attention backends differ ({prefill} prefill, {decode} decode); the kdtree "
-                            f"kernel only runs where SGLang uses triton. Fix: prefer --attention-backend triton.")
-    if not spec:
-        out.warnings.append(f"warning: KDTREE_VERIFY={mode} without --speculative-algorithm: there is no "
-                            f"TARGET_VERIFY pass, so the kdtree kernel will stay idle.")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

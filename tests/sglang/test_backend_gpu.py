@@ -14,26 +14,20 @@ Built with SGLang's own attention test kit (`sglang.test.kits.attention_unittest
   docs/validate.md. Prints what it sees (run pytest with -s).
 
 Run (see docs/validate.md, "GPU runs"):
-    pytest -q -s -m gpu tests/gpu/test_backend_gpu.py
+    pytest -q -s -m gpu tests/sglang/test_backend_gpu.py
 """
 from __future__ import annotations
-
-import functools
-import os
-import random
 
 import pytest
 from conftest import kit_prefix_slot_collisions
 
 torch = pytest.importorskip("torch")
 
+from kdtree_backend.testing.scene import Scene, hook_installed, set_mode  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
-H = 8  # Kimi K2.5 heads per GPU at TP8
-# Module constants so the non-graph parts can be dry-run elsewhere (fp16 on CPU under
-# TRITON_INTERPRET=1, with the reference as candidate); the lead's run uses these defaults.
-DEVICE = "cuda"
-DTYPE = torch.bfloat16
+H = 8  # Kimi K2.5 heads per GPU at TP8 (the scene's default)
 MODES = ("off", "validate", "on")
 
 
@@ -42,205 +36,22 @@ def _cuda():
         pytest.skip("needs a CUDA GPU")
 
 
-class _TC:
-    def skipTest(self, msg):
-        pytest.skip(msg)
-
-
 @pytest.fixture(scope="module")
 def hooked():
-    """Install the hook like SGLang's HookRegistry AROUND does (wrapper(*a) -> hook(orig, *a));
-    restored afterwards so other test modules see stock Triton."""
+    """The hook installed as HookRegistry's AROUND wrapper does; restored afterwards so other test
+    modules see stock Triton."""
     _cuda()
     import warnings
 
     warnings.filterwarnings("ignore")
     from prometheus_client import CollectorRegistry
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
-    from kdtree_backend import hook, metrics
+    from kdtree_backend.sglang import metrics
 
-    orig = TritonAttnBackend.forward_extend
-
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        return hook.forward_extend_hook(orig, *args, **kwargs)
-
-    wrapper.__wrapped__ = orig
-    TritonAttnBackend.forward_extend = wrapper
     reg = CollectorRegistry()
     metrics.init(reg)
-    try:
+    with hook_installed() as orig:
         yield {"original": orig, "registry": reg}
-    finally:
-        TritonAttnBackend.forward_extend = orig
-        hook.set_candidate(None)
-        hook.reset_for_tests()
-
-
-def _set_mode(mode, **settings):
-    from kdtree_backend import hook, logs, shadow
-    from kdtree_backend.config import Mode
-
-    logs.reset_for_tests()
-    shadow.reset_for_tests()
-    hook.reset_for_tests(mode=Mode(mode), settings=shadow.Settings(**settings))
-
-
-def _tree_block(kind: str, D: int, seed: int) -> torch.Tensor:
-    from kdtree_backend.reference import ancestor_matrix, random_tree_parents
-
-    if kind == "chain":
-        return torch.tril(torch.ones(D, D, dtype=torch.bool))
-    return ancestor_matrix(random_tree_parents(D, random.Random(seed)))
-
-
-class Scene:
-    """A TARGET_VERIFY batch of `bs` requests over a real backend, with its own slot layout.
-
-    The ForwardBatch tensors (req_pool_indices, seq_lens, out_cache_loc) and q/k/v are STATIC:
-    `load()` rewrites them in place (like SGLang's load_batch), so a captured graph sees new
-    contents at the same addresses.
-    """
-
-    def __init__(self, *, bs, D, kind, max_context_len=512, graph=False, seed=0):
-        from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
-            MLAAttentionCase,
-            _make_forward_batch,
-            build_mla_attention_fixture,
-        )
-        from sglang.test.kits.attention_unittest.runner_modes.speculative_target_verify_runner import (
-            _make_spec_verify_input,
-            _prepare_target_verify_batch,
-        )
-
-        self._make_spec = _make_spec_verify_input
-        self._prepare = _prepare_target_verify_batch
-        self.Case = MLAAttentionCase
-        self.bs, self.D, self.kind, self.ctx = bs, D, kind, max_context_len
-        self.dev = torch.device(DEVICE)
-        self.case = MLAAttentionCase(
-            name="kdtree_backend_gpu", backend="triton", forward_mode=ForwardMode.TARGET_VERIFY,
-            num_heads=H, page_size=1, prefix_lens=(1,) * bs, extend_lens=(D,) * bs,
-        )
-        self.fx = build_mla_attention_fixture(
-            _TC(), self.case, kv_lora_rank=512, qk_rope_head_dim=64, hidden_size=256,
-            max_context_len=max_context_len, dtype=DTYPE, device=DEVICE,
-            disable_cuda_graph=not graph, runner_batch_size=bs, loc_layout="contiguous",
-        )
-        self.backend = self.fx.backend
-        self.runner = self.fx.runner
-        self.layer = self.fx.actual_module.attn_mqa
-        self.pool = self.runner.token_to_kv_pool
-        self.batch = _make_forward_batch(self.case, self.runner, max_context_len=max_context_len, device=DEVICE)
-        self._prepare(self.batch, self.case, DEVICE)
-        self.batch.spec_info = self._make_spec(self.case, self.batch, topk=1, device=DEVICE, spec_kind="eagle")
-        T = bs * D
-        self.q = torch.zeros(T, H, 576, dtype=DTYPE, device=self.dev)
-        self.k = torch.zeros(T, 1, 576, dtype=DTYPE, device=self.dev)
-        self.v = torch.zeros(T, 1, 512, dtype=DTYPE, device=self.dev)
-        self.rng = random.Random(seed)
-        self.gen = torch.Generator(device=DEVICE).manual_seed(seed)
-        self.real_bs = bs
-
-    # --- contents ---------------------------------------------------------------------------
-    def load(self, prefix_lens, *, padded=0):
-        """New contents: prefix lengths, shuffled KV slots, prefix KV, draft slots, q/k/v, mask.
-        The last `padded` requests are production CUDA-graph padding (seq_len 1, req 0, slot 0)."""
-        bs, D, ctx = self.bs, self.D, self.ctx
-        assert len(prefix_lens) == bs and max(prefix_lens) + D <= ctx
-        self.real_bs = bs - padded
-        plens = list(prefix_lens)
-        rpi = list(range(bs))
-        for r in range(self.real_bs, bs):
-            plens[r], rpi[r] = 1, 0
-        self.prefix_lens, self.rpi = plens, rpi
-        req_to_token = self.runner.req_to_token_pool.req_to_token
-        out_cache = []
-        for r in range(self.real_bs):
-            slots = [1 + r * ctx + s for s in self.rng.sample(range(ctx), plens[r] + D)]
-            req_to_token[r, : plens[r] + D] = torch.tensor(slots, dtype=req_to_token.dtype, device=self.dev)
-            out_cache += slots[plens[r]:]
-            kv = torch.randn(plens[r], 1, 576, generator=self.gen, device=self.dev).mul_(0.5).to(DTYPE)
-            self.pool.kv_buffer[0][torch.tensor(slots[: plens[r]], device=self.dev)] = kv
-        out_cache += [0] * (D * padded)
-        self.batch.seq_lens.copy_(torch.tensor(plens, dtype=self.batch.seq_lens.dtype, device=self.dev))
-        self.batch.req_pool_indices.copy_(torch.tensor(rpi, dtype=self.batch.req_pool_indices.dtype, device=self.dev))
-        self.batch.out_cache_loc.copy_(torch.tensor(out_cache, dtype=self.batch.out_cache_loc.dtype, device=self.dev))
-        self.batch.seq_lens_cpu = torch.tensor(plens, dtype=torch.int32)
-        self.batch.seq_lens_sum = sum(plens)
-        self.q.copy_(torch.randn(self.q.shape, generator=self.gen, device=self.dev).mul_(0.5))
-        self.k.copy_(torch.randn(self.k.shape, generator=self.gen, device=self.dev).mul_(0.5))
-        self.v.copy_(self.k[..., :512])
-        # the FULL_MASK tree mask, as EAGLE's builder lays it out (prefix columns 1)
-        self.blocks = [_tree_block(self.kind, D, self.rng.randrange(1 << 30)) for _ in range(bs)]
-        flat = []
-        for r in range(bs):
-            m = torch.ones(D, plens[r] + D, dtype=torch.bool)
-            m[:, plens[r]:] = self.blocks[r]
-            flat.append(m.reshape(-1))
-        case = self.Case(name=self.case.name, backend="triton", forward_mode=self.case.forward_mode,
-                         num_heads=H, page_size=1, prefix_lens=tuple(plens), extend_lens=(D,) * bs)
-        spec = self._make_spec(case, self.batch, topk=1, device=DEVICE, spec_kind="eagle")
-        spec.custom_mask = torch.cat(flat).to(self.dev)
-        self.batch.spec_info = spec
-
-    # --- metadata / calls ----------------------------------------------------------------------
-    def ctx_(self):
-        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
-
-        return forward_context(ForwardContext(attn_backend=self.backend))
-
-    def init_eager(self):
-        with self.ctx_():
-            self.backend.init_forward_metadata(self.batch)
-
-    def forward(self, fn=None):
-        with torch.no_grad(), self.ctx_():
-            if fn is None:
-                return self.backend.forward_extend(self.q, self.k, self.v, self.layer, self.batch, save_kv_cache=True)
-            return fn(self.backend, self.q, self.k, self.v, self.layer, self.batch, save_kv_cache=True)
-
-    def reference(self):
-        """float64, from req_to_token/seq_lens/mask (not from the backend's metadata), on the pool
-        as it is after the call's KV save."""
-        from kdtree_backend.reference import verify_attention_reference
-
-        bs, D = self.bs, self.D
-        r2t = self.runner.req_to_token_pool.req_to_token
-        qo = torch.arange(0, (bs + 1) * D, D, dtype=torch.int32, device=self.dev)
-        kv_indptr = torch.tensor([0] + list(_cumsum(self.prefix_lens)), dtype=torch.int32, device=self.dev)
-        kv_indices = torch.cat([r2t[self.rpi[r], : self.prefix_lens[r]].long() for r in range(bs)])
-        mask = self.batch.spec_info.custom_mask
-        mask_indptr = torch.tensor([0] + list(_cumsum([D * (p + D) for p in self.prefix_lens])),
-                                   dtype=torch.int64, device=self.dev)
-        lay = self.layer
-        scaled = lay.k_scale is not None and lay.v_scale is not None
-        return verify_attention_reference(self.q, self.k, self.pool.get_key_buffer(0), qo, kv_indptr, kv_indices,
-                                          mask, mask_indptr, lay.scaling, max_qo_len=D,
-                                          k_scale=lay.k_scale_float if scaled else 1.0,
-                                          v_scale=lay.v_scale_float if scaled else 1.0)
-
-    def kdtree_now(self):
-        """The kdtree kernel on the backend's current metadata (what the shim passes)."""
-        from kdtree_backend.hook import get_candidate
-
-        md = self.backend.forward_metadata
-        out = torch.empty(self.q.shape[0], H * 512, dtype=self.q.dtype, device=self.dev)
-        return get_candidate()(self.q, self.k, self.pool.get_key_buffer(0), md.qo_indptr, md.kv_indptr,
-                               md.kv_indices, md.custom_mask, md.mask_indptr, self.layer.scaling,
-                               max_qo_len=md.max_extend_len, out=out)
-
-    def real_rows(self):
-        return self.real_bs * self.D
-
-
-def _cumsum(xs):
-    s = 0
-    for x in xs:
-        s += x
-        yield s
 
 
 def _close(out, ref, rows, what):
@@ -252,7 +63,7 @@ def _close(out, ref, rows, what):
 # --- eager ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_eager_target_verify_all_modes(hooked, kind):
-    from kdtree_backend import shadow
+    from kdtree_backend.sglang import shadow
 
     D = 4 if kind == "chain" else 6
     sc = Scene(bs=3, D=D, kind=kind, seed=11)
@@ -261,7 +72,7 @@ def test_eager_target_verify_all_modes(hooked, kind):
     kv0 = sc.pool.kv_buffer[0].clone()
     outs = {}
     for mode in MODES:
-        _set_mode(mode)
+        set_mode(mode)
         sc.pool.kv_buffer[0].copy_(kv0)
         outs[mode] = sc.forward().clone()
         ref = sc.reference()
@@ -284,8 +95,8 @@ def test_eager_k_scale_all_modes(hooked):
     path in all modes; the kdtree kernel receives the descales)."""
     sc = Scene(bs=2, D=4, kind="tree", seed=3)
     lay = sc.layer
-    lay.k_scale = torch.tensor(2.0, device=DEVICE)
-    lay.v_scale = torch.tensor(2.0, device=DEVICE)
+    lay.k_scale = torch.tensor(2.0, device="cuda")
+    lay.v_scale = torch.tensor(2.0, device="cuda")
     lay.k_scale_float = 2.0
     lay.v_scale_float = 2.0
     try:
@@ -294,7 +105,7 @@ def test_eager_k_scale_all_modes(hooked):
         kv0 = sc.pool.kv_buffer[0].clone()
         outs, kvs = {}, {}
         for mode in MODES:
-            _set_mode(mode)
+            set_mode(mode)
             sc.pool.kv_buffer[0].copy_(kv0)
             outs[mode] = sc.forward().clone()
             kvs[mode] = sc.pool.kv_buffer[0].clone()
@@ -312,9 +123,9 @@ def test_eager_k_scale_all_modes(hooked):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_cuda_graph_capture_and_replay(hooked, mode, kind):
-    from kdtree_backend import shadow
+    from kdtree_backend.sglang import shadow
 
-    _set_mode(mode)
+    set_mode(mode)
     D = 4 if kind == "chain" else 6
     bs = 4
     sc = Scene(bs=bs, D=D, kind=kind, graph=True, seed=5)
@@ -410,7 +221,7 @@ def _run_kit(name, page_size, *, contiguous=False, topk=1):
         dense_attention.make_loc_fn = lambda layout, **kw: orig("contiguous", **kw)
     try:
         run_mla_eagle_verify_cuda_graph_case(unittest.TestCase(), _kit_case(name, page_size), topk=topk,
-                                             dtype=DTYPE, device=DEVICE, kv_lora_rank=512,
+                                             dtype=torch.bfloat16, device="cuda", kv_lora_rank=512,
                                              qk_rope_head_dim=64, hidden_size=1024)
         return "PASS"
     except AssertionError as e:
@@ -430,9 +241,9 @@ def test_item7_kit_cuda_graph_case_page_size(hooked, mode):
     other prefix tokens' slots. Expected: page_size=1 FAILS for a colliding name with stock Triton
     AND with the kdtree kernel (same failure: the inputs are wrong, not the kernel), passes for a
     non-colliding name, and passes for every name once the fixture uses the contiguous layout."""
-    from kdtree_backend import eligibility
+    from kdtree_backend.sglang import eligibility
 
-    _set_mode(mode)
+    set_mode(mode)
     reg = hooked["registry"]
     kd0 = reg.get_sample_value("kdtree_attention_calls_total", {"mode": "on", "path": "kdtree"}) or 0.0
     old = eligibility.ALLOW_KV_READBACK
@@ -461,3 +272,102 @@ def test_item7_kit_cuda_graph_case_page_size(hooked, mode):
             assert res == "PASS", (key, res)
         else:
             assert res.startswith("FAIL at speculative_cuda_graph_runner.py"), (key, res)
+
+
+# --- issue 23: no 64-draft cap, empty prefixes, the legal corners ----------------------------------
+def _verify_served(reg, before):
+    now = reg.get_sample_value("kdtree_attention_verify_calls_total", {"served_by": "kdtree", "reason": ""}) or 0.0
+    return now - before
+
+
+def _graph_capture(sc, bs):
+    sc.backend.init_cuda_graph_state(max_bs=bs, max_num_tokens=bs * sc.D)
+    sc.load([1] * bs)
+    with sc.ctx_():
+        sc.backend.init_forward_metadata_out_graph(sc.batch, in_capture=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            sc.forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        o_static = sc.forward()
+    torch.cuda.synchronize()
+    return g, o_static
+
+
+@pytest.mark.parametrize("D", [65, 129, 257])
+def test_ddtree_sized_trees_are_served_by_the_kernel_eager_and_replayed(hooked, D):
+    """DDTree verifies budget + 1 = 65, 129 (and 257) nodes: `on` serves them with our kernel (no
+    draft_len fallback any more), eager and from a CUDA graph, against float64."""
+    reg = hooked["registry"]
+    set_mode("on")
+    bs = 2
+    sc = Scene(bs=bs, D=D, kind="tree", max_context_len=1100 + D, seed=D)
+    sc.load([1000, 37])
+    sc.init_eager()
+    before = _verify_served(reg, 0.0)
+    out = sc.forward().clone()
+    _close(out, sc.reference(), sc.real_rows(), f"eager D={D}")
+    assert _verify_served(reg, before) == 1, "the eager call was not served by the kdtree kernel"
+    sc = Scene(bs=bs, D=D, kind="tree", graph=True, max_context_len=1100 + D, seed=D + 1)
+    g, o_static = _graph_capture(sc, bs)
+    for plens, padded in [([1000, 37], 0), ([3, 901], 1)]:
+        sc.load(plens, padded=padded)
+        before = _verify_served(reg, 0.0)
+        with sc.ctx_():
+            sc.backend.init_forward_metadata_out_graph(sc.batch)
+        g.replay()
+        torch.cuda.synchronize()
+        _close(o_static.clone(), sc.reference(), sc.real_rows(), f"graph D={D} prefixes {plens} padded {padded}")
+        assert _verify_served(reg, before) == 1, "the replay was not served by the kdtree kernel"
+    del g
+
+
+def test_empty_prefix_batch_is_computed(hooked):
+    """Every request without a committed prefix: the op gets an empty kv_indices (a NULL data pointer)
+    and must compute what Triton computes (it raised 'a required pointer is NULL')."""
+    from kdtree_backend.kernel import ops
+    from kdtree_backend.testing.reference import verify_attention_reference
+
+    set_mode("on")
+    sc = Scene(bs=3, D=6, kind="tree", seed=21)
+    sc.load([0, 0, 0])
+    sc.init_eager()
+    out = sc.forward().clone()
+    _close(out, sc.reference(), sc.real_rows(), "forward_extend, empty prefixes")
+    md = sc.backend.forward_metadata
+    empty = torch.empty(0, dtype=torch.int64, device="cuda")
+    direct = ops.verify_attention(sc.q, sc.k, sc.pool.get_key_buffer(0), md.qo_indptr, md.kv_indptr, empty,
+                                  md.custom_mask, md.mask_indptr, sc.layer.scaling, max_qo_len=sc.D)
+    ref = verify_attention_reference(sc.q, sc.k, sc.pool.get_key_buffer(0), md.qo_indptr, md.kv_indptr, empty,
+                                     md.custom_mask, md.mask_indptr, sc.layer.scaling)
+    _close(direct, ref, sc.real_rows(), "op, empty kv_indices")
+
+
+@pytest.mark.parametrize("heads, bs, D, prefixes, padded, mask", [
+    (1, 1, 1, [5], 0, "bool"),          # H = 1, n = 1, one request
+    (8, 1, 4, [0], 0, "bool"),          # one request, empty prefix
+    (16, 4, 7, [300, 0, 17, 1], 1, "uint8"),  # a padded request, the backend's uint8 mask buffer
+    (128, 2, 3, [64, 65], 0, "uint8"),  # DeepSeek-V3 with DP attention: 128 heads
+    (8, 5, 33, [1, 2, 3, 4, 1000], 0, "bool"),
+])
+def test_legal_corners_through_the_hook_in_on(hooked, heads, bs, D, prefixes, padded, mask):
+    """What SGLang's Triton kernel accepts, `on` computes with our kernel (never an exception, never
+    a fallback): one request, H = 1, n = 1, empty prefixes, padded rows, bool and uint8 masks, int32
+    (eager) and int64 (graph) index tensors."""
+    reg = hooked["registry"]
+    set_mode("on")
+    sc = Scene(bs=bs, D=D, kind="tree", heads=heads, max_context_len=max(prefixes) + D + 8, seed=heads + D)
+    sc.load(prefixes, padded=padded)
+    if mask == "uint8":
+        sc.batch.spec_info.custom_mask = sc.batch.spec_info.custom_mask.to(torch.uint8)
+    sc.init_eager()
+    before = _verify_served(reg, 0.0)
+    out = sc.forward().clone()
+    _close(out, sc.reference(), sc.real_rows(), f"H{heads} bs{bs} D{D} {mask}")
+    assert _verify_served(reg, before) == 1
+    md = sc.backend.forward_metadata
+    assert md.qo_indptr.dtype == torch.int32 and md.kv_indptr.dtype == torch.int32  # eager: int32 indptrs

@@ -21,7 +21,7 @@ validate or on. Per call:
      swallowed.
 
 The candidate is injectable (`set_candidate`) so CPU tests can use the float64 reference; the
-default is `kdtree_backend.ops.verify_attention`, imported lazily.
+default is `kdtree_backend.kernel.ops.verify_attention`, imported lazily.
 """
 from __future__ import annotations
 
@@ -32,7 +32,10 @@ from typing import Callable, Optional
 
 import torch
 
-from kdtree_backend import eligibility, logs, metrics, shadow
+from kdtree_backend.sglang import eligibility
+from kdtree_backend.sglang import logs
+from kdtree_backend.sglang import metrics
+from kdtree_backend.sglang import shadow
 
 V_HEAD_DIM = eligibility.V_HEAD_DIM
 
@@ -46,7 +49,7 @@ _candidate: Optional[Callable] = None
 
 
 def _default_candidate(*args, **kwargs):
-    from kdtree_backend.ops import verify_attention
+    from kdtree_backend.kernel.ops import verify_attention
 
     return verify_attention(*args, **kwargs)
 
@@ -68,6 +71,7 @@ class _State:
         self.mode_name = str(getattr(mode, "value", mode))
         self.settings = settings
         self.sampler = shadow.Sampler(settings.sample_rate)
+        fallback_watch.enabled = self.mode_name == "on"
 
 
 _state: Optional[_State] = None
@@ -88,7 +92,7 @@ def _kernel_path() -> str:
     """The kernel path this process's GPU runs (KDTREE_KERNEL resolved), for the start-up event."""
     try:
         if torch.cuda.is_available():
-            from kdtree_backend import ops
+            from kdtree_backend.kernel import ops
 
             return ops.selected_kernel()
     except Exception as e:  # the first kernel call raises the same error, loudly
@@ -98,7 +102,7 @@ def _kernel_path() -> str:
 
 def _library_text() -> str:
     try:
-        from kdtree_backend import loader
+        from kdtree_backend.kernel import loader
 
         return str(loader.library_path())
     except Exception as exc:
@@ -279,16 +283,68 @@ class _override_kernel:
         return False
 
 
-def _fallback(state: _State, reason: str, layer_id, backend=None, q=None) -> None:
+def _fallback(state: _State, reason: str, layer_id, backend=None, q=None, capturing=None) -> None:
     metrics.count_fallback(reason)
     logs.fallback(reason, mode=state.mode_name, layer_id=layer_id)
     if backend is not None:
-        _record_capture(backend, q, ("fallback", reason))
+        _record_capture(backend, q, ("fallback", reason), capturing)
 
 
-def _count_call(backend, q, mode: str, path: str) -> None:
+def _count_call(backend, q, mode: str, path: str, capturing=None) -> None:
     metrics.count_call(mode, path)
-    _record_capture(backend, q, ("call", mode, path))
+    _record_capture(backend, q, ("call", mode, path), capturing)
+
+
+# Reasons that mean "not a TARGET_VERIFY call of the target model": not counted as verify calls.
+_NOT_VERIFY = frozenset({"not_target_verify", "draft_runner"})
+
+
+def _count_verify(backend, q, served_by: str, reason: str = "", capturing=None) -> None:
+    metrics.count_verify(served_by, reason)
+    fallback_watch.add(1, served_by in ("triton", "error"), reason)
+    _record_capture(backend, q, ("verify", served_by, reason), capturing)
+
+
+class FallbackWatch:
+    """In `on`: one ERROR event (`kdtree_fallback_rate_high`) per window in which more than `threshold` of
+    the target model's verify calls were not served by our kernel (at least `min_calls` calls seen).
+
+    Counts eager calls and graph replays alike (replays through `_account_replay`). Windows are
+    wall-clock (`window_s`), so a burst of fallbacks is reported once, within a window of it.
+    """
+
+    def __init__(self, window_s: float = 60.0, threshold: float = 0.01, min_calls: int = 20, clock=None):
+        import time
+
+        self.window_s, self.threshold, self.min_calls = window_s, threshold, min_calls
+        self._clock = clock or time.monotonic
+        self.enabled = False
+        self._reset(self._clock())
+
+    def _reset(self, now):
+        self._start, self.total, self.fallbacks = now, 0, 0
+        self.reasons = collections.Counter()
+
+    def add(self, n: int, fell_back: bool, reason: str = "") -> None:
+        if not self.enabled:
+            return
+        self.total += n
+        if fell_back:
+            self.fallbacks += n
+            self.reasons[reason or "error"] += n
+        now = self._clock()
+        if now - self._start < self.window_s:
+            return
+        if self.total >= self.min_calls and self.fallbacks > self.threshold * self.total:
+            logs.fallback_rate_high(
+                window_s=round(now - self._start, 1), verify_calls=self.total, not_served_by_kdtree=self.fallbacks,
+                fraction=round(self.fallbacks / self.total, 4), threshold=self.threshold,
+                reasons=dict(self.reasons.most_common(5)),
+            )
+        self._reset(now)
+
+
+fallback_watch = FallbackWatch()
 
 
 # --- accounting of CUDA-graph replays -------------------------------------------------------------
@@ -297,8 +353,8 @@ def _count_call(backend, q, mode: str, path: str) -> None:
 # (call, mode, path) / (fallback, reason) events the graph contains; the per-instance wrapper of
 # init_forward_metadata_out_graph (SGLang's load_batch calls it before EVERY replay, with the
 # graph's padded batch size) adds them once per replay.
-def _record_capture(backend, q, key) -> None:
-    if q is None or not shadow.is_capturing():
+def _record_capture(backend, q, key, capturing=None) -> None:
+    if q is None or not (shadow.is_capturing() if capturing is None else capturing):
         return
     md = getattr(backend, "forward_metadata", None)
     d = getattr(md, "max_extend_len", None)
@@ -315,12 +371,14 @@ def _account_replay(backend, forward_batch) -> None:
     events = backend.__dict__.get("_kdtree_graph_events", {}).get(getattr(forward_batch, "batch_size", None))
     if not events:
         return
-    m = metrics.get()
     for key, n in events.items():
         if key[0] == "call":
-            m.calls.labels(mode=key[1], path=key[2]).inc(n)
+            metrics.count_call(key[1], key[2], n)
+        elif key[0] == "verify":
+            metrics.count_verify(key[1], key[2], n)
+            fallback_watch.add(n, key[1] in ("triton", "error"), key[2])
         else:
-            m.fallbacks.labels(reason=key[1]).inc(n)
+            metrics.count_fallback(key[1], n)
 
 
 def install_step_wrappers(backend, validate: bool) -> bool:
@@ -386,8 +444,10 @@ def _forward_extend_hook(original_fn, self, q, k, v, layer, forward_batch, save_
 
     reason = eligibility.check(self, layer, forward_batch, q, k, v, kwargs)
     if reason is not None:
-        _fallback(st, reason, getattr(layer, "layer_id", -1), self, q)
-        _count_call(self, q, mode, "fallback")
+        _fallback(st, reason, getattr(layer, "layer_id", -1), self, q, capturing)
+        _count_call(self, q, mode, "fallback", capturing)
+        if reason not in _NOT_VERIFY:
+            _count_verify(self, q, "triton", reason, capturing)
         return original_fn(self, q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
 
     sampled = st.sampler() if validate else False
@@ -398,11 +458,13 @@ def _forward_extend_hook(original_fn, self, q, k, v, layer, forward_batch, save_
     except Exception as exc:
         if not validate and shim.called:
             _count_call(self, q, mode, "error")
+            _count_verify(self, q, "error")
             logs.candidate_error(exc, mode=mode, layer_id=getattr(layer, "layer_id", -1), shape=list(q.shape))
         raise
     if not shim.called:
         # The original took another branch (an eligibility gap): its output is Triton's.
         _fallback(st, "kernel_not_reached", getattr(layer, "layer_id", -1), self, q)
+        _count_verify(self, q, "triton" if validate else "error", "kernel_not_reached")
         if not validate:
             _count_call(self, q, mode, "error")
             raise KdtreeHookError(
@@ -411,7 +473,8 @@ def _forward_extend_hook(original_fn, self, q, k, v, layer, forward_batch, save_
             )
         _count_call(self, q, mode, "fallback")
         return out
-    _count_call(self, q, mode, ("shadow" if sampled else "shadow_unsampled") if validate else "kdtree")
+    _count_call(self, q, mode, ("shadow" if sampled else "shadow_unsampled") if validate else "kdtree", capturing)
+    _count_verify(self, q, "shadow" if validate else "kdtree", "", capturing)
     return out
 
 

@@ -2,7 +2,7 @@
 
 Two parts:
 
-* `test_backend_cases_in_subprocess` runs `tests/test_hook_backend_cpu.py` (real sglang 0.5.23
+* `test_backend_cases_in_subprocess` runs `tests/sglang/test_hook_backend_cpu.py` (real sglang 0.5.23
   `TritonAttnBackend`, SGLang's Triton kernel on CPU) in ONE subprocess with
   `TRITON_INTERPRET=1`, so the interpreter setting cannot leak into this process or other test
   modules, and sglang's ~10 s import is paid once.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_backend_cases_in_subprocess():
@@ -34,7 +34,7 @@ def test_backend_cases_in_subprocess():
     )
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-W", "ignore",
-         str(ROOT / "tests" / "test_hook_backend_cpu.py")],
+         str(ROOT / "tests" / "sglang" / "test_hook_backend_cpu.py")],
         cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=600,
     )
     tail = (proc.stdout + proc.stderr)[-6000:]
@@ -44,7 +44,7 @@ def test_backend_cases_in_subprocess():
 
 # --- shadow: settings and sampler ------------------------------------------------------------
 def test_read_settings_defaults_and_errors():
-    from kdtree_backend import shadow
+    from kdtree_backend.sglang import shadow
     from kdtree_backend.errors import KdtreeModeError
 
     s = shadow.read_settings({})
@@ -60,7 +60,7 @@ def test_read_settings_defaults_and_errors():
 
 
 def test_sampler_is_exact():
-    from kdtree_backend.shadow import Sampler
+    from kdtree_backend.sglang.shadow import Sampler
 
     for rate, n in [(1.0, 10), (0.5, 10), (0.25, 100), (0.1, 1000)]:
         s = Sampler(rate)
@@ -69,7 +69,7 @@ def test_sampler_is_exact():
 
 # --- shadow: the device stats row and ring -----------------------------------------------------
 def test_compare_row_values():
-    from kdtree_backend import shadow
+    from kdtree_backend.sglang import shadow
 
     torch.manual_seed(0)
     ctrl = torch.randn(6, 2 * 512).to(torch.bfloat16)
@@ -92,7 +92,7 @@ def test_compare_row_values():
 
 
 def _store(ring=4, **settings):
-    from kdtree_backend import shadow
+    from kdtree_backend.sglang import shadow
 
     st = shadow.StatsStore("cpu", start_layer=3, layer_num=2, settings=shadow.Settings(**settings), ring=ring)
     st.keep_published = 100
@@ -103,7 +103,8 @@ def _store(ring=4, **settings):
 def reg():
     from prometheus_client import CollectorRegistry
 
-    from kdtree_backend import logs, metrics
+    from kdtree_backend.sglang import logs
+    from kdtree_backend.sglang import metrics
 
     r = CollectorRegistry()
     metrics.init(r)
@@ -154,7 +155,7 @@ def test_exceeded_is_per_element_allclose(reg):
 
 
 def test_exceeded_log_is_rate_limited(reg):
-    from kdtree_backend import logs
+    from kdtree_backend.sglang import logs
 
     lg = logging.getLogger("kdtree_backend")
     msgs = []
@@ -183,7 +184,7 @@ def test_exceeded_log_is_rate_limited(reg):
 
 
 def test_rate_limiter_refills():
-    from kdtree_backend.logs import RateLimiter
+    from kdtree_backend.sglang.logs import RateLimiter
 
     t = [0.0]
     rl = RateLimiter(interval_s=10, burst=1, clock=lambda: t[0])
@@ -196,7 +197,7 @@ def test_rate_limiter_refills():
 def test_logs_are_json_through_stdlib_without_global_configure():
     import structlog
 
-    from kdtree_backend import logs
+    from kdtree_backend.sglang import logs
 
     before = structlog.get_config()
     logs.reset_for_tests()
@@ -230,7 +231,7 @@ def test_logs_are_json_through_stdlib_without_global_configure():
 def test_metrics_names_and_lazy_import():
     """Importing the hook does not import prometheus_client (main-process hazard)."""
     code = (
-        "import sys, kdtree_backend.hook, kdtree_backend.shadow, kdtree_backend.metrics;"
+        "import sys, kdtree_backend.sglang.hook, kdtree_backend.sglang.shadow, kdtree_backend.sglang.metrics;"
         "assert 'prometheus_client' not in sys.modules, 'prometheus_client imported at import time'"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KDTREE_")}
@@ -240,7 +241,7 @@ def test_metrics_names_and_lazy_import():
 
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from kdtree_backend import metrics
+    from kdtree_backend.sglang import metrics
 
     r = CollectorRegistry()
     metrics.init(r)
@@ -267,7 +268,7 @@ def test_metrics_multiprocess_mode(tmp_path):
     """Under PROMETHEUS_MULTIPROC_DIR (SGLang --enable-metrics) the metrics land in the shared
     directory and aggregate like SGLang's own; the build-info gauge is livemax."""
     code = (
-        "from kdtree_backend import metrics;"
+        "from kdtree_backend.sglang import metrics;"
         "metrics.count_call('on','kdtree'); metrics.set_build_info('0.1.0','on','sm_90');"
         "metrics.observe_diff(0.5, 0.01);"
         "from prometheus_client import CollectorRegistry, generate_latest, multiprocess;"
@@ -285,7 +286,8 @@ def test_metrics_multiprocess_mode(tmp_path):
 
 
 def test_hook_off_mode_is_passthrough():
-    from kdtree_backend import hook, logs
+    from kdtree_backend.sglang import hook
+    from kdtree_backend.sglang import logs
     from kdtree_backend.config import Mode
 
     logs.reset_for_tests()

@@ -23,6 +23,12 @@ PREFIX = "kdtree_attention_"
 # shadow_unsampled = validate, eligible but not sampled (control only); fallback = not
 # eligible, original called untouched; error = our kernel raised in `on` (re-raised).
 PATHS = ("kdtree", "shadow", "shadow_unsampled", "fallback", "error")
+# verify_calls_total{served_by, reason}: the TARGET_VERIFY calls of the target model only (not the
+# draft model's passes, not prefill/decode): kdtree = our kernel's output served (on); shadow = our
+# kernel ran beside Triton, Triton served (validate, sampled or not); triton = Triton ran alone (reason:
+# the eligibility label); error = our kernel raised (on; the exception propagates). The kernel's share
+# is (kdtree + shadow) / all: docs/operations.md has the PromQL and the alert.
+SERVED_BY = ("kdtree", "shadow", "triton", "error")
 # validations_total{outcome}
 OUTCOMES = ("within_tolerance", "exceeded", "candidate_error", "dropped")
 
@@ -47,14 +53,24 @@ class _Noop:
 class Metrics:
     """The hook's metrics. Build with `get()`; tests may pass their own registry to `init()`."""
 
+    def child(self, metric, *labels):
+        """`metric.labels(*labels)`, cached: labels() takes a lock and hashes every call, and the hook
+        counts two or three series per forward_extend call on the serving path."""
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
+
     def __init__(self, registry=None):
+        self._children = {}
         try:
             import prometheus_client as pc
         except Exception:  # pragma: no cover - prometheus_client ships with sglang
             noop = _Noop()
             self.available = False
             self.max_abs_diff = self.rel_err = self.validations = self.nonfinite = noop
-            self.fallbacks = self.calls = self.build_info = noop
+            self.fallbacks = self.calls = self.build_info = self.verify_calls = noop
             return
         self.available = True
         kw = {} if registry is None else {"registry": registry}
@@ -94,6 +110,13 @@ class Metrics:
             ["mode", "path"],
             **kw,
         )
+        self.verify_calls = pc.Counter(
+            PREFIX + "verify_calls_total",
+            "TARGET_VERIFY calls of the target model, by who computed the served output (kdtree, shadow = "
+            "validate, triton = fallback with its reason, error) (graph replays included)",
+            ["served_by", "reason"],
+            **kw,
+        )
         self.build_info = pc.Gauge(
             PREFIX + "build_info",
             "1, labelled with the kdtree-backend version, the mode and the GPU arch of this process",
@@ -131,12 +154,19 @@ def set_build_info(version: str, mode: str, arch: str) -> None:
     get().build_info.labels(version=version, mode=mode, arch=arch).set(1)
 
 
-def count_call(mode: str, path: str) -> None:
-    get().calls.labels(mode=mode, path=path).inc()
+def count_call(mode: str, path: str, n: int = 1) -> None:
+    m = get()
+    m.child(m.calls, mode, path).inc(n)
 
 
-def count_fallback(reason: str) -> None:
-    get().fallbacks.labels(reason=reason).inc()
+def count_verify(served_by: str, reason: str = "", n: int = 1) -> None:
+    m = get()
+    m.child(m.verify_calls, served_by, reason).inc(n)
+
+
+def count_fallback(reason: str, n: int = 1) -> None:
+    m = get()
+    m.child(m.fallbacks, reason).inc(n)
 
 
 def count_validation(outcome: str, n: int = 1) -> None:

@@ -25,18 +25,10 @@ import sys
 import pytest
 import torch
 
-from kdtree_backend.reference import (
-    MLA_SM_SCALE,
-    V_HEAD_DIM,
-    ancestor_matrix,
-    attention_weights_reference,
-    make_verify_batch,
-    random_tree_parents,
-    relative_error,
-    verify_attention_reference,
-)
+from kdtree_backend.testing.reference import MLA_SM_SCALE, V_HEAD_DIM, attention_weights_reference, relative_error, verify_attention_reference
+from kdtree_backend.testing.batches import ancestor_matrix, make_verify_batch, random_tree_parents
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------------
@@ -273,7 +265,9 @@ TRITON_CASES = {
 _SUBPROCESS = r"""
 import dataclasses, json, sys, time
 import torch
-from kdtree_backend.reference import make_verify_batch, relative_error
+from kdtree_backend.testing.reference import relative_error
+from kdtree_backend.testing.batches import make_verify_batch
+from kdtree_backend.testing.sglang_calls import call_sglang_triton
 from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd  # noqa: F401 (interpreted)
 cases = json.loads(sys.argv[1])
 DT = {"bool": torch.bool, "uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
@@ -294,7 +288,7 @@ for i, (name, (kw, post)) in enumerate(sorted(cases.items())):
     f = dataclasses.replace(b, q=b.q.float(), k=b.k.float(), v=b.v.float(), kv_cache=b.kv_cache.float())
     out = torch.full((b.num_rows, b.num_heads * 512), float("nan"), dtype=torch.float32)
     t = time.time()
-    f.call_sglang_triton(out)
+    call_sglang_triton(f, out)
     cov, real = b.covered_rows(), b.real_rows()
     zero_rows = [int(r) for r in torch.nonzero((ref == 0).all(1) & cov).flatten()]
     res[name] = dict(
@@ -368,17 +362,18 @@ def _load_bench(name):
 
 def test_bench_grid_and_args():
     bv = _load_bench("bench_verify")
-    full = bv.build_grid(quick=False)
+    full = bv.build_grid()
+    assert full == bv.build_grid("main") == bv.build_grid(quick=False)
     assert len(full) == 45 and len(set(full)) == 45
     assert {(s.H, s.n) for s in full} == {(8, 16), (8, 64), (16, 16), (16, 64), (8, 8)}
     assert {s.L for s in full} == {1024, 8192, 32768} and {s.B for s in full} == {1, 8, 32}
     quick = bv.build_grid(quick=True)
-    assert 3 <= len(quick) <= 8 and set(quick) <= set(full)
+    assert 3 <= len(quick) <= 8 and set(quick) <= set(full) and bv.build_grid("quick") == quick
     a = bv.parse_args(["--quick", "--skip-triton", "--out", "/tmp/x.json"])
-    assert a.quick and a.skip_triton and a.out == "/tmp/x.json" and a.only is None
+    assert a.quick and a.grid == "quick" and a.skip_triton and a.out == "/tmp/x.json" and a.only is None
     a = bv.parse_args(["--only", "ours"])
-    assert a.only == "ours"
-    assert bv.selected_impls(a) == ["ours"]
+    assert a.only == "ours" and a.grid == "main" and a.paths == []
+    assert bv.selected_impls(a) == ["ours"] and bv.ours_keys(a) == ["ours"]
     assert bv.selected_impls(bv.parse_args([])) == ["ours", "triton", "verify_mla", "flashmla"]
     assert "triton" not in bv.selected_impls(bv.parse_args(["--skip-triton"]))
     assert bv.parse_shapes("8,16,64,0; 8,16,64,1024;") == [bv.Shape(8, 16, 64, 0), bv.Shape(8, 16, 64, 1024)]
@@ -388,10 +383,41 @@ def test_bench_grid_and_args():
     with pytest.raises(SystemExit):
         bv.parse_args(["--shapes", "8,16,64"])
     assert bv.parse_args(["--shapes", "1,8,16,64"]).shapes == [bv.Shape(1, 8, 16, 64)]
+    # kernel paths, timed in one run
+    assert bv.ours_keys(bv.parse_args(["--paths", "hopper,portable"])) == ["hopper", "portable"]
+    assert bv.parse_args(["--paths", "portable"]).paths == ["portable"]
+    for bad in ("ampere", "hopper,hopper", ",", "rows32"):
+        with pytest.raises(SystemExit):
+            bv.parse_args(["--paths", bad])
+    with pytest.raises(SystemExit):
+        bv.parse_args(["--grid", "huge"])
+
+
+def test_bench_ddtree_and_customer_grids():
+    """--grid ddtree: n in {33, 65, 129, 257} x H in {8, 16} x B in {1, 8, 32} x L in {8k, 32k} (48),
+    grouped by (H, n) so SGLang's Triton kernels compile once per group; --grid customer: its H = 8,
+    n >= 65 shapes (18); grids combine without repeats and each shape knows its grids."""
+    bv = _load_bench("bench_verify")
+    dd = bv.build_grid("ddtree")
+    assert len(dd) == len(set(dd)) == 48
+    assert {s.n for s in dd} == {33, 65, 129, 257} and {s.H for s in dd} == {8, 16}
+    assert {s.B for s in dd} == {1, 8, 32} and {s.L for s in dd} == {8192, 32768}
+    groups = [(s.H, s.n) for s in dd]
+    assert sum(1 for a, b in zip(groups, groups[1:]) if a != b) == 7  # 8 contiguous (H, n) groups
+    cu = bv.build_grid("customer")
+    assert len(cu) == 18 and set(cu) <= set(dd) and {s.H for s in cu} == {8} and {s.n for s in cu} == {65, 129, 257}
+    both = bv.build_grid("main,ddtree")
+    assert len(both) == 93 and both[:45] == bv.build_grid("main") and both[45:] == dd
+    assert bv.build_grid("ddtree,customer") == dd
+    assert bv.grids_of(bv.Shape(8, 8, 129, 8192)) == ["ddtree", "customer"]
+    assert bv.grids_of(bv.Shape(8, 16, 33, 32768)) == ["ddtree"] and bv.grids_of(bv.Shape(1, 8, 16, 1024)) == ["main"]
+    assert bv.parse_args(["--grid", "main,ddtree"]).grid == "main,ddtree"
+    with pytest.raises(ValueError):
+        bv.build_grid("main,nope")
 
 
 def test_bench_contiguous_slots_keep_the_batch_valid():
-    """--slots contiguous (hopper-path.md: separating slot order from the kernel on the HBM-bound
+    """--slots contiguous (docs/kernel/journal.md h41: separating slot order from the kernel on the HBM-bound
     shapes) is make_verify_batch's "contiguous" layout: prefix slots 1, 2, ... in request order (the
     slot ids of every earlier contiguous-slot result), the garbage tail still there, and a finite
     reference that follows the indices."""
@@ -411,7 +437,7 @@ def test_bench_contiguous_slots_keep_the_batch_valid():
 
 @pytest.mark.parametrize("layout", ["scattered", "runs", "contiguous"])
 def test_batch_slot_layouts(layout):
-    """make_verify_batch's slot layouts (the consecutive-slot GPU tests rely on them, perf-notes h41):
+    """make_verify_batch's slot layouts (the consecutive-slot GPU tests rely on them, docs/kernel/journal.md h41):
     unique slots, never slot 0 for a real request, inside the pool; "contiguous" gives every request
     one run, "runs" a mix of whole consecutive 64-key tiles and broken ones, "scattered" (the default,
     unchanged stream of random numbers) practically none."""
@@ -472,13 +498,21 @@ def test_bench_roofline_arithmetic():
     assert abs(m["pct_roofline"] - 100 * roof_us / 250.0) < 1e-9
     assert abs(m["pct_copy"] - 100 * m["tbps"] / 4.25) < 1e-9
     assert abs(m["pct_matmul"] - 100 * m["tflops"] / 716.0) < 1e-9
+    assert m["pct_mma_sync"] is None  # no mma.sync ceiling measured
+    m2 = bv.metrics(s, 250.0, {**ceil, "mma_sync_tflops": 645.0})
+    assert abs(m2["pct_mma_sync"] - 100 * m["tflops"] / 645.0) < 1e-9
+    assert {k: v for k, v in m2.items() if k != "pct_mma_sync"} == {k: v for k, v in m.items() if k != "pct_mma_sync"}
 
 
-def _fake_rows(bv, with_flashmla=True):
+def _fake_rows(bv, with_flashmla=True, grid="main", paths=("ours",)):
+    """Rows with times: path k of ours takes (k + 1) x (10 + i) us, Triton 12x the first path's,
+    FlashMLA the first path's / 1.25."""
     rows = []
-    for i, s in enumerate(bv.build_grid(quick=False)):
+    for i, s in enumerate(bv.build_grid(grid)):
         ours = 10.0 + i
-        row = {"shape": s._asdict(), "label": bv.shape_label(s), "times_us": {"ours": ours, "triton": ours * 12.0}}
+        times = {p: ours * (k + 1) for k, p in enumerate(paths)}
+        times["triton"] = ours * 12.0
+        row = {"shape": s._asdict(), "label": bv.shape_label(s), "times_us": times}
         if with_flashmla:
             row["times_us"]["flashmla"] = ours / 1.25
         rows.append(row)
@@ -500,20 +534,73 @@ def test_bench_summary_and_json(tmp_path):
     big = [r for r in rows if r["shape"]["B"] * r["shape"]["L"] >= 256 * 1024 and r["shape"]["n"] != 8]
     assert summ["large_shapes"] == len(big) == 12  # main grid only; the n=8 shapes are judged on copy %
     assert len(summ["n8_h8_pct_copy"]) == 9
+    assert summ["large_shapes_min_pct_mma_sync"] is None  # no mma.sync ceiling in this run
+    assert summ["paths"]["ours"]["geomean_ratio_vs_flashmla"] == summ["geomean_ratio_vs_flashmla"]
+    assert set(summ["grids"]) == {"main"} and summ["grids"]["main"]["shapes_run"] == 45
     doc = bv.make_document(rows, ceil, summ, argv=["bench/bench_verify.py", "--quick"], env={"gpu": "fake"})
     out = tmp_path / "r.json"
     out.write_text(json.dumps(doc))
     back = json.loads(out.read_text())
-    for key in ("date", "commit", "gpu", "torch", "triton", "command", "ceilings", "rows", "summary"):
+    for key in ("date", "commit", "gpu", "torch", "triton", "command", "ceilings", "rows", "summary", "paths"):
         assert key in back, key
-    assert back["command"].endswith("--quick")
+    assert back["command"].endswith("--quick") and back["paths"] == ["ours"] and bv.doc_paths(back) == ["ours"]
+    assert bv.doc_paths({"rows": []}) == ["ours"]  # results written before "paths" existed
     r0 = back["rows"][0]
-    for key in ("shape", "times_us", "speedup_vs_triton", "ratio_vs_flashmla", "roofline_us", "metrics"):
+    for key in ("shape", "times_us", "speedup_vs_triton", "ratio_vs_flashmla", "roofline_us", "metrics", "paths"):
         assert key in r0, key
     assert bv.default_out_path("2026-11-30", "NVIDIA H200", "abc1234").endswith(
         "bench/results/2026-11-30-NVIDIA-H200-abc1234.json")
     table = bv.format_table(rows)
-    assert "speedup" in table and len(table.splitlines()) >= 46
+    assert table.splitlines()[0].split()[:4] == ["shape", "ours", "us", "triton"]
+    assert "speedup" in table and "%mma" in table and len(table.splitlines()) == 46
+    text = bv.format_summary(summ)
+    assert "speedup vs Triton: geomean 12.00x" in text and "mma.sync unmeasured" in text
+
+
+def test_bench_per_path_and_per_grid_summaries():
+    """--paths hopper,portable: every row holds both paths' comparisons (row["paths"]), the summary
+    one block per path (the top level is the first path's), one line per grid and path, and the
+    time ratio between the paths; % of the mma.sync peak per row and for the large shapes."""
+    bv = _load_bench("bench_verify")
+    ceil = {"copy_tbps": 4.25, "matmul_tflops": 790.0, "mma_sync_tflops": 645.0}
+    paths = ["hopper", "portable"]
+    rows = [bv.finish_row(r, ceil, paths) for r in _fake_rows(bv, grid="main,ddtree", paths=paths)]
+    r = rows[0]
+    assert r["paths"]["hopper"]["speedup_vs_triton"] == pytest.approx(12.0)
+    assert r["paths"]["portable"]["speedup_vs_triton"] == pytest.approx(6.0)
+    assert r["paths"]["portable"]["ratio_vs_flashmla"] == pytest.approx(2.5)
+    assert r["paths"]["portable"]["time_vs_first_path"] == pytest.approx(2.0)
+    assert r["speedup_vs_triton"] == r["paths"]["hopper"]["speedup_vs_triton"]  # the row level: the first path
+    assert r["paths"]["hopper"]["pct_mma_sync"] == pytest.approx(r["metrics"]["hopper"]["tflops"] / 645.0 * 100)
+    summ = bv.summarize(rows, ceil, paths)
+    assert summ["geomean_speedup_vs_triton"] == pytest.approx(12.0)
+    assert summ["paths"]["portable"]["geomean_speedup_vs_triton"] == pytest.approx(6.0)
+    assert summ["paths"]["portable"]["geomean_ratio_vs_flashmla"] == pytest.approx(2.5)
+    large = [x for x in rows if (x["shape"]["H"], x["shape"]["n"]) in bv.MAIN_HN and x["shape"]["B"] * x["shape"]["L"] >= 256 * 1024]
+    assert summ["paths"]["portable"]["large_shapes_min_pct_mma_sync"] == pytest.approx(
+        min(x["metrics"]["portable"]["pct_mma_sync"] for x in large))
+    assert summ["path_time_ratios"] == {"portable/hopper": pytest.approx(2.0)}
+    assert set(summ["grids"]) == {"main", "ddtree", "customer"}
+    dd = summ["grids"]["ddtree"]
+    assert dd["shapes"] == dd["shapes_run"] == 48 and summ["grids"]["customer"]["shapes_run"] == 18
+    assert dd["portable"]["shapes_measured"] == 48
+    assert dd["portable"]["geomean_ratio_vs_flashmla"] == pytest.approx(2.5)
+    assert dd["hopper"]["max_ratio_vs_flashmla"] == pytest.approx(1.25)
+    assert dd["hopper"]["min_speedup_vs_triton"] == pytest.approx(12.0)
+    dd_large = [x for x in rows[45:] if x["shape"]["B"] * x["shape"]["L"] >= 256 * 1024]
+    assert dd["hopper"]["large_shapes_min_pct_mma_sync"] == pytest.approx(
+        min(x["metrics"]["hopper"]["pct_mma_sync"] for x in dd_large))
+    table = bv.format_table(rows, paths)
+    head = table.splitlines()[0]
+    for col in ("hopper us", "portable us", "H speedup", "P /fmla", "P/H", "H %mma", "P %mma", "err portable"):
+        assert col in head, col
+    assert "H = hopper path, P = portable path" in table.splitlines()[-1]
+    text = bv.format_summary(summ, paths)
+    assert "[portable] speedup vs Triton: geomean 6.00x" in text
+    assert "ddtree [portable] grid (48/48 shapes): time/FlashMLA geomean 2.50" in text
+    assert "time portable/hopper: geomean 2.000" in text and "mma.sync 645 TFLOP/s" in text
+    doc = bv.make_document(rows, ceil, summ, argv=["x"], env={"gpu": "fake"}, paths=paths)
+    assert bv.doc_paths(doc) == paths
 
 
 def test_bench_plot_from_json(tmp_path):
@@ -532,6 +619,89 @@ def test_bench_plot_from_json(tmp_path):
     if os.environ.get("KDTREE_KEEP_PLOT"):
         import shutil
         shutil.copy(png, os.environ["KDTREE_KEEP_PLOT"])
+    # two paths side by side; an old single-path result (no "paths", no per-row "paths") reads too
+    paths = ["hopper", "portable"]
+    rows2 = [bv.finish_row(r, ceil, paths) for r in _fake_rows(bv, grid="customer", paths=paths)]
+    doc2 = bv.make_document(rows2, ceil, bv.summarize(rows2, ceil, paths), argv=["x"], env={"gpu": "fake"}, paths=paths)
+    assert plot.path_series(doc2, "ratio_vs_flashmla")["portable"][0] == pytest.approx(2.5)
+    j2 = tmp_path / "r2.json"
+    j2.write_text(json.dumps(doc2))
+    assert pathlib.Path(plot.plot(str(j2))).stat().st_size > 10_000
+    old = {"rows": [{"label": "B1", "speedup_vs_triton": 3.0}], "ceilings": ceil}
+    assert plot.path_series(old, "speedup_vs_triton") == {"ours": [3.0]}
+
+
+def test_bench_request0_reference_is_request_0_of_the_full_reference():
+    """The benchmark's float64 check computes request 0 alone (its n rows; cheap at n = 257, L = 32k):
+    the same numbers as the full reference's first n rows, tree and chain."""
+    bv = _load_bench("bench_verify")
+    b = make_verify_batch([40, 70, 9], num_heads=3, draft_lens=5, mask="tree", qo_indptr_dtype=torch.int64, seed=2)
+    tree = bv.request0_reference(b, 5, chain=False)
+    assert tree.shape == (5, 3 * 512) and torch.equal(tree, b.reference()[:5])
+    chain = bv.request0_reference(b, 5, chain=True)
+    none = dataclasses.replace(b, custom_mask=None)
+    assert torch.allclose(chain, none.reference()[:5], rtol=0, atol=1e-13)
+    assert not torch.allclose(chain, tree)
+
+
+def test_bench_mma_sync_peak_plumbing(tmp_path, monkeypatch):
+    """measure_mma_sync_peak loads the compiled peak library with ctypes and records what it returns
+    (a stand-in library built with gcc here); an error code or a library that cannot be built is
+    recorded as mma_sync_error with a null peak, and the run goes on."""
+    import shutil
+    import types
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    bv = _load_bench("bench_verify")
+    src = tmp_path / "fake_peak.c"
+    src.write_text(
+        "int mma_peak(double min_ms, int repeats, double* tflops, double* ms, long long* iters, int* blocks) {\n"
+        "  if (min_ms < 0) return 2;\n"
+        "  *tflops = 600.0 + repeats; *ms = min_ms + 1.0; *iters = 123456789012LL; *blocks = 264; return 0;\n}\n"
+        "const char* mma_peak_error_string(int rc) { return rc == 2 ? \"out of memory\" : \"?\"; }\n")
+    lib = tmp_path / "fake_peak.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True, timeout=120)
+    seen = []
+    monkeypatch.setattr(bv, "mma_peak_library", lambda cap: seen.append(cap) or lib)
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(get_device_capability=lambda i=0: (12, 0),
+                                                                   synchronize=lambda: None))
+    res = bv.measure_mma_sync_peak(fake_torch, 50.0, 5)
+    assert seen == [(12, 0)]
+    assert res["mma_sync_tflops"] == 605.0 and res["mma_sync_launch_ms"] == 51.0
+    assert res["mma_sync_iters"] == 123456789012 and res["mma_sync_blocks"] == 264
+    assert res["mma_sync_instruction"] == "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    bad = bv.measure_mma_sync_peak(fake_torch, -1.0, 5)
+    assert bad["mma_sync_tflops"] is None and "out of memory" in bad["mma_sync_error"]
+
+    def no_nvcc(cap):
+        raise RuntimeError("nvcc not found (needed to build bench/diag/mma_peak.cu)")
+
+    monkeypatch.setattr(bv, "mma_peak_library", no_nvcc)
+    assert "nvcc not found" in bv.measure_mma_sync_peak(fake_torch)["mma_sync_error"]
+    cmd = bv.mma_peak_compile_command("/usr/bin/nvcc", "90", tmp_path / "x.so")
+    assert "-gencode=arch=compute_90,code=sm_90" in cmd and "-shared" in cmd and str(bv.MMA_PEAK_SOURCE) in cmd
+
+
+def test_bench_mma_peak_source_compiles(tmp_path, monkeypatch):
+    """bench/diag/mma_peak.cu builds as the benchmark builds it (a shared library for sm_90, cached
+    per source digest) and exports the symbols measure_mma_sync_peak looks up; the loop is the
+    mma.sync instruction the portable path uses."""
+    import tempfile
+
+    from kdtree_backend.kernel.build import find_nvcc
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    bv = _load_bench("bench_verify")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in bv.MMA_PEAK_SOURCE.read_text()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    lib = bv.mma_peak_library((9, 0))
+    assert lib.parent == tmp_path and lib.name.endswith("-sm90.so") and lib.stat().st_size > 0
+    assert bv.mma_peak_library((9, 0)) == lib  # cached
+    r = subprocess.run(["nm", "-D", str(lib)], capture_output=True, text=True)
+    if r.returncode == 0:
+        assert " T mma_peak" in r.stdout and " T mma_peak_error_string" in r.stdout
 
 
 def test_bench_flashmla_inputs_hold_the_same_rows():
@@ -565,17 +735,20 @@ def test_bench_flashmla_inputs_hold_the_same_rows():
         assert torch.allclose(o, ref[r * s.n:(r + 1) * s.n], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("vmla_fails", [False, True], ids=["all-ok", "verify_mla-raises"])
-def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys, vmla_fails):
+@pytest.mark.parametrize("case", ["all-ok", "verify_mla-raises", "both-paths"])
+def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys, case):
     """Runs bench_verify.main end to end on the CPU: fake CUDA timers/graphs and fake kernels
     (float64 reference semantics) stand in for the GPU, to prove the plumbing: K rotated input
     sets, the four competitors' calls and argument layouts, the per-shape float64 checks (tree
-    for ours/Triton, chain for verify_mla/FlashMLA), JSON and table."""
+    for ours/Triton, chain for verify_mla/FlashMLA), JSON and table; verify_mla left out past 64
+    drafts; with --paths, each kernel path run under its own KDTREE_KERNEL in the same process."""
+    vmla_fails = case == "verify_mla-raises"
+    paths = ["hopper", "portable"] if case == "both-paths" else ["ours"]
     import contextlib
     import time as _time
     import types
 
-    from kdtree_backend.reference import VerifyBatch
+    from kdtree_backend.testing import sglang_calls
 
     bv = _load_bench("bench_verify")
     monkeypatch.setattr(bv, "DEVICE", "cpu")
@@ -609,13 +782,19 @@ def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys, vml
                           empty_cache=lambda: None, is_available=lambda: True,
                           get_device_properties=lambda i=0: props, current_stream=lambda *a: St()).items():
         monkeypatch.setattr(torch.cuda, name, val)
-    monkeypatch.setattr(bv, "measure_ceilings", lambda torch: {"copy_tbps": 4.25, "matmul_tflops": 716.0})
-    grid = [bv.Shape(2, 2, 3, 40), bv.Shape(1, 3, 8, 64)] + ([bv.Shape(1, 2, 3, 17)] if vmla_fails else [])
-    monkeypatch.setattr(bv, "build_grid", lambda quick=False: grid)
+    ceil = {"copy_tbps": 4.25, "matmul_tflops": 716.0, "mma_sync_tflops": 600.0}
+    monkeypatch.setattr(bv, "measure_ceilings", lambda torch, mma_peak_ms: dict(ceil, mma_peak_ms=mma_peak_ms))
+    grid = [bv.Shape(2, 2, 3, 40), bv.Shape(1, 3, 8, 64), bv.Shape(1, 2, 65, 30)]
+    grid += [bv.Shape(1, 2, 3, 17)] if vmla_fails else []
+    monkeypatch.setattr(bv, "build_grid", lambda grid_name="main", quick=False: grid)
+    monkeypatch.delenv("KDTREE_KERNEL", raising=False)
     calls = {"ours": 0, "triton": 0, "verify_mla": 0, "flashmla": 0}
+    path_calls = {}
 
     def fake_op(q, k, kv_cache, qo, kvp, kvi, mask, mi, sm, *, max_qo_len, k_scale=1.0, v_scale=1.0, out=None):
         calls["ours"] += 1
+        p = os.environ.get("KDTREE_KERNEL", "unset")
+        path_calls[p] = path_calls.get(p, 0) + 1
         assert mask is not None and mask.dtype == torch.uint8 and qo.dtype == torch.int64
         r = verify_attention_reference(q, k, kv_cache, qo, kvp, kvi, mask, mi, sm, k_scale=k_scale, v_scale=v_scale,
                                        max_qo_len=max_qo_len)
@@ -656,27 +835,40 @@ def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys, vml
                                   flash_mla_with_kvcache=fake_flash)
     mods = {"ours": fake_op, "triton_ok": True, "verify_mla": fake_vmla, "flashmla": flash}
     monkeypatch.setattr(bv, "_load_impls", lambda impls: mods)
-    monkeypatch.setattr(VerifyBatch, "call_sglang_triton", fake_triton)
+    monkeypatch.setattr(sglang_calls, "call_sglang_triton", fake_triton)
     out = tmp_path / "res.json"
-    rc = bv.main(["--out", str(out), "--no-plot", "--max-sets", "3", "--commit", "test123", "--min-replays", "3"])
+    argv = ["--out", str(out), "--no-plot", "--max-sets", "3", "--commit", "test123", "--min-replays", "3"]
+    rc = bv.main(argv + (["--paths", "hopper,portable"] if case == "both-paths" else []))
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["commit"] == "test123" and doc["gpu"] == "Fake GPU" and len(doc["rows"]) == len(grid)
-    assert doc["impls"] == ["ours", "triton", "verify_mla", "flashmla"]
+    assert doc["impls"] == ["ours", "triton", "verify_mla", "flashmla"] and doc["paths"] == paths
+    assert doc["ceilings"]["mma_sync_tflops"] == 600.0 and doc["ceilings"]["mma_peak_ms"] == 50.0
+    assert "KDTREE_KERNEL" not in os.environ  # each path's setting is undone after its capture
+    wide = doc["rows"][2]  # n = 65: verify_mla is not run, the others are
+    assert wide["errors"] == {"verify_mla": bv.VERIFY_MLA_SKIP} and "verify_mla" not in wide["times_us"]
+    assert wide["errors"]["verify_mla"].startswith("skipped: n > 64 drafts")
     if vmla_fails:
         errs = [r["errors"].get("verify_mla", "") for r in doc["rows"]]
-        assert "out of resources" in errs[0] and errs[2].startswith("skipped: failed earlier at H=2 n=3")
+        assert "out of resources" in errs[0] and errs[3].startswith("skipped: failed earlier at H=2 n=3")
         assert calls["verify_mla"] == 2  # first call of each (H, n), never retried
         assert all(set(r["times_us"]) == {"ours", "triton", "flashmla"} for r in doc["rows"])
         assert all(r["check"]["ours"] < 1e-2 for r in doc["rows"])
         return
     for row in doc["rows"]:
-        assert row["errors"] == {}, row["errors"]
-        assert set(row["times_us"]) == {"ours", "triton", "verify_mla", "flashmla"}
+        expected = {*paths, "triton", "flashmla"} | ({"verify_mla"} if row["shape"]["n"] <= 64 else set())
+        assert set(row["times_us"]) == expected, row["errors"]
         assert row["input_sets"] == 3
-        for impl in ("ours", "triton", "verify_mla", "flashmla"):
+        for impl in expected:
             assert row["check"][impl] < 1e-2, (impl, row["check"])
-        assert row["speedup_vs_triton"] and row["ratio_vs_flashmla"]
+        for p in paths:
+            assert row["paths"][p]["speedup_vs_triton"] and row["paths"][p]["ratio_vs_flashmla"]
+            assert row["metrics"][p]["pct_mma_sync"] > 0
     assert all(v > 0 for v in calls.values()), calls
+    if case == "both-paths":
+        assert set(path_calls) == {"hopper", "portable"} and path_calls["hopper"] == path_calls["portable"]
+        assert set(doc["summary"]["paths"]) == {"hopper", "portable"} and "portable/hopper" in doc["summary"]["path_time_ratios"]
+    else:
+        assert set(path_calls) == {"unset"}  # without --paths the environment is left alone
     text = capsys.readouterr().out
-    assert "speedup vs Triton" in text and "JSON:" in text
+    assert "speedup vs Triton" in text and "JSON:" in text and "mma.sync 600 TFLOP/s" in text

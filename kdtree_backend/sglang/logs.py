@@ -12,6 +12,9 @@ through SGLang's handlers at SGLang's level. Events:
   element; rate-limited (`suppressed` counts the events dropped since the previous one).
 * `kdtree_candidate_error`: the kdtree kernel raised (validate: recorded; on: re-raised);
   rate-limited.
+* `kdtree_fallback_rate_high` (ERROR, `on` only): over the last window, more than the threshold of
+  the target model's TARGET_VERIFY calls were served by Triton; at most one per window
+  (hook.FallbackWatch).
 """
 from __future__ import annotations
 
@@ -149,6 +152,10 @@ def candidate_error(exc: BaseException, **fields: Any) -> bool:
         **fields,
     )
     return True
+
+
+def fallback_rate_high(**fields: Any) -> None:
+    get_logger().error("kdtree_fallback_rate_high", **fields)
 
 
 def reset_for_tests() -> None:

@@ -1,6 +1,6 @@
 """The hook on a REAL sglang 0.5.23 `TritonAttnBackend`, on CPU (issue 4, item 6).
 
-Runs only inside the subprocess that `tests/test_hook_modes.py` starts with `TRITON_INTERPRET=1`
+Runs only inside the subprocess that `tests/sglang/test_hook_modes.py` starts with `TRITON_INTERPRET=1`
 set before triton/sglang are imported (SGLang's Triton kernel then runs on CPU) and
 `KDTREE_HOOK_BACKEND_CPU=1`; collected in any other process, it skips, so the interpreter
 setting never leaks into other test modules.
@@ -12,7 +12,7 @@ CUDA there), with MLA 576/512 shapes (kv_lora_rank=512, qk_rope_head_dim=64).
 Dtype: the Triton interpreter (triton 3.8) mis-computes bf16 on CPU (garbage of ~1e9 against
 the float64 reference, while fp16 matches to 1e-3), so these tests run the backend in fp16 and
 widen `eligibility.SUPPORTED_DTYPES` to fp16 for the duration. The GPU tests
-(tests/gpu/test_backend_gpu.py) run bf16.
+(tests/sglang/test_backend_gpu.py) run bf16.
 
 The candidate is the float64 reference cast to the output dtype (`hook.set_candidate`).
 """
@@ -27,7 +27,7 @@ from conftest import kit_prefix_slot_collisions
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("KDTREE_HOOK_BACKEND_CPU") != "1" or os.environ.get("TRITON_INTERPRET") != "1",
-    reason="runs in the TRITON_INTERPRET=1 subprocess started by tests/test_hook_modes.py",
+    reason="runs in the TRITON_INTERPRET=1 subprocess started by tests/sglang/test_hook_modes.py",
 )
 
 TARGET = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend"
@@ -48,7 +48,9 @@ def env():
     from prometheus_client import CollectorRegistry
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from kdtree_backend import eligibility, hook, metrics
+    from kdtree_backend.sglang import eligibility
+    from kdtree_backend.sglang import hook
+    from kdtree_backend.sglang import metrics
 
     HookRegistry.register(TARGET, hook.forward_extend_hook, HookType.AROUND)
     HookRegistry.apply_hooks()
@@ -68,7 +70,7 @@ def env():
 
 def _reference_candidate(q, k, kv_cache, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
                          sm_scale, *, max_qo_len, k_scale=1.0, v_scale=1.0, out=None):
-    from kdtree_backend.reference import verify_attention_reference
+    from kdtree_backend.testing.reference import verify_attention_reference
 
     ref = verify_attention_reference(q, k, kv_cache, qo_indptr, kv_indptr, kv_indices, custom_mask,
                                      mask_indptr, sm_scale, k_scale=k_scale, v_scale=v_scale,
@@ -141,7 +143,7 @@ class Fx:
 
     def reference(self):
         """The float64 reference on the pool AFTER the KV save (what both kernels read)."""
-        from kdtree_backend.reference import verify_attention_reference
+        from kdtree_backend.testing.reference import verify_attention_reference
 
         md = self.backend.forward_metadata
         k_scale = self.layer.k_scale_float if self.layer.k_scale is not None and self.layer.v_scale is not None else 1.0
@@ -153,7 +155,9 @@ class Fx:
 
 
 def _set_mode(mode, **settings):
-    from kdtree_backend import hook, logs, shadow
+    from kdtree_backend.sglang import hook
+    from kdtree_backend.sglang import logs
+    from kdtree_backend.sglang import shadow
     from kdtree_backend.config import Mode
 
     logs.reset_for_tests()
@@ -191,7 +195,7 @@ def records():
 
 @pytest.fixture
 def cand():
-    from kdtree_backend import hook
+    from kdtree_backend.sglang import hook
 
     hook.set_candidate(_reference_candidate)
     yield
@@ -206,7 +210,7 @@ def test_eligibility_matrix(env):
     from sglang.srt.layers.radix_attention import AttentionType
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from kdtree_backend.eligibility import REASONS, check
+    from kdtree_backend.sglang.eligibility import REASONS, check
 
     fx = Fx()
     b, layer, batch, q, k, v = fx.backend, fx.layer, fx.batch, fx.q, fx.k, fx.v
@@ -375,7 +379,7 @@ def test_on_honours_attn_output(env, cand):
 
 
 def test_on_candidate_error_raises(env, records):
-    from kdtree_backend import hook
+    from kdtree_backend.sglang import hook
 
     _set_mode("on")
     fx = Fx()
@@ -399,7 +403,7 @@ def test_on_candidate_error_raises(env, records):
 def test_validate_returns_control_bit_for_bit(env, cand, topk):
     import torch
 
-    from kdtree_backend import shadow
+    from kdtree_backend.sglang import shadow
 
     _set_mode("validate")
     fx = Fx(topk=topk, prefix_lens=(4, 7) if topk == 1 else (5, 9, 2))
@@ -421,7 +425,8 @@ def test_validate_returns_control_bit_for_bit(env, cand, topk):
 def test_validate_exceeded_publishes_worst_element(env, records):
     import torch
 
-    from kdtree_backend import hook, shadow
+    from kdtree_backend.sglang import hook
+    from kdtree_backend.sglang import shadow
 
     _set_mode("validate", atol=1e-2, rtol=1e-2)
     fx = Fx()
@@ -452,7 +457,8 @@ def test_validate_exceeded_publishes_worst_element(env, records):
 
 
 def test_validate_nonfinite_candidate_is_exceeded(env):
-    from kdtree_backend import hook, shadow
+    from kdtree_backend.sglang import hook
+    from kdtree_backend.sglang import shadow
 
     _set_mode("validate")
     fx = Fx()
@@ -477,7 +483,7 @@ def test_validate_nonfinite_candidate_is_exceeded(env):
 def test_validate_candidate_error_is_recorded_not_raised(env, records):
     import torch
 
-    from kdtree_backend import hook
+    from kdtree_backend.sglang import hook
 
     _set_mode("validate")
     fx = Fx()
@@ -486,7 +492,7 @@ def test_validate_candidate_error_is_recorded_not_raised(env, records):
     fx.set_kv(kv0)
 
     def boom(*a, **k):
-        from kdtree_backend.ops import KernelInputError
+        from kdtree_backend.kernel.ops import KernelInputError
 
         raise KernelInputError("q must be a CUDA tensor")
 
@@ -503,7 +509,7 @@ def test_validate_candidate_error_is_recorded_not_raised(env, records):
 
 
 def test_validate_sampling_and_poll_wrapper(env, cand):
-    from kdtree_backend import shadow
+    from kdtree_backend.sglang import shadow
 
     _set_mode("validate", sample_rate=0.5)
     fx = Fx()
@@ -526,7 +532,8 @@ def test_validate_sampling_and_poll_wrapper(env, cand):
 
 
 def test_startup_event_and_build_info(env, records):
-    from kdtree_backend import hook, logs
+    from kdtree_backend.sglang import hook
+    from kdtree_backend.sglang import logs
     from kdtree_backend.config import Mode
 
     logs.reset_for_tests()
@@ -559,7 +566,7 @@ def test_kit_page_size_1_cuda_graph_case_is_a_kit_bug(env):
         run_mla_eagle_verify_cuda_graph_case,
     )
 
-    from kdtree_backend import hook
+    from kdtree_backend.sglang import hook
 
     hook.reset_for_tests(mode=None)  # the hook reads KDTREE_VERIFY (unset: off -> passthrough)
 
@@ -587,7 +594,7 @@ def test_kit_page_size_1_cuda_graph_case_is_a_kit_bug(env):
 def test_graph_replays_are_counted(env, cand):
     """calls_total under CUDA graphs: events recorded while capturing are added once per replay by
     the wrapper of init_forward_metadata_out_graph (SGLang's load_batch calls it per replay)."""
-    from kdtree_backend import shadow
+    from kdtree_backend.sglang import shadow
 
     _set_mode("on")
     fx = Fx()
@@ -606,11 +613,44 @@ def test_graph_replays_are_counted(env, cand):
         shadow.is_capturing = real
     c0 = _sample(env, "kdtree_attention_calls_total", mode="on", path="kdtree")
     f0 = _sample(env, "kdtree_attention_fallbacks_total", reason="draft_runner")
+    v0 = _sample(env, "kdtree_attention_verify_calls_total", served_by="kdtree", reason="")
     for _ in range(3):
         with fx.ctx():
             fx.backend.init_forward_metadata_out_graph(fx.batch)  # before each replay
     assert _sample(env, "kdtree_attention_calls_total", mode="on", path="kdtree") == c0 + 3
     assert _sample(env, "kdtree_attention_fallbacks_total", reason="draft_runner") == f0 + 3
+    # the kernel's share: the draft runner's pass is not a verify call of the target model
+    assert _sample(env, "kdtree_attention_verify_calls_total", served_by="kdtree", reason="") == v0 + 3
+    assert _sample(env, "kdtree_attention_verify_calls_total", served_by="triton", reason="draft_runner") == 0
     with fx.ctx():
         fx.backend.init_forward_metadata_out_graph(fx.batch, in_capture=True)  # a capture: not a replay
     assert _sample(env, "kdtree_attention_calls_total", mode="on", path="kdtree") == c0 + 3
+
+
+def test_verify_share_and_the_fallback_rate_alarm(env, cand, records):
+    """kdtree_attention_verify_calls_total counts the target model's TARGET_VERIFY calls by who served
+    them; in `on`, a window in which Triton served more than 1% of them logs one ERROR event."""
+    from kdtree_backend.sglang import hook
+
+    _set_mode("on")
+    now = [0.0]
+    hook.fallback_watch.__init__(window_s=60.0, threshold=0.01, min_calls=4, clock=lambda: now[0])
+    hook.fallback_watch.enabled = True
+    fx = Fx()
+    for _ in range(4):
+        fx.call()
+    assert _sample(env, "kdtree_attention_verify_calls_total", served_by="kdtree", reason="") == 4
+    fx.layer.logit_cap = 30.0  # a verify call the kernel cannot take: Triton serves it
+    fx.call()
+    fx.layer.logit_cap = 0.0
+    assert _sample(env, "kdtree_attention_verify_calls_total", served_by="triton", reason="logit_cap") == 1
+    assert not [e for e in records.events if e.get("event") == "kdtree_fallback_rate_high"]
+    now[0] = 61.0
+    fx.call()  # closes the window: 1 of 6 calls fell back
+    ev = [e for e in records.events if e.get("event") == "kdtree_fallback_rate_high"]
+    assert len(ev) == 1 and ev[0]["level"] == "error", records.events
+    assert ev[0]["verify_calls"] == 6 and ev[0]["not_served_by_kdtree"] == 1 and ev[0]["reasons"] == {"logit_cap": 1}
+    now[0] = 125.0
+    fx.call()  # a clean window: nothing more
+    assert len([e for e in records.events if e.get("event") == "kdtree_fallback_rate_high"]) == 1
+    hook.fallback_watch.__init__()

@@ -37,7 +37,8 @@ from typing import Deque, Dict, List, Mapping, Optional
 
 import torch
 
-from kdtree_backend import logs, metrics
+from kdtree_backend.sglang import logs
+from kdtree_backend.sglang import metrics
 
 # The settings live in config.py (no torch import) so the plugin and the launcher can check them
 # before any model loading; these names are the ones this module has always exported.

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from conftest import clean_env, run_python
-from kdtree_backend import plugin
+from kdtree_backend.sglang import plugin
 from kdtree_backend.config import Mode
 from kdtree_backend.errors import KdtreeConfigError
 
@@ -35,7 +35,7 @@ def test_entry_point_is_installed():
 
     eps = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins") if ep.name == "kdtree"]
     assert eps, "kdtree-backend is not pip-installed in this interpreter: run `pip install -e .`"
-    assert eps[0].value == "kdtree_backend.plugin:register"
+    assert eps[0].value == "kdtree_backend.sglang.plugin:register"
     assert eps[0].load() is plugin.register
     plugin.check_entry_point({})
 
@@ -84,7 +84,8 @@ _VALIDATE = textwrap.dedent(
     load_plugins()  # SGLang discovers the entry point and runs it, as in every server process
     import torch
     from sglang.srt.layers.attention import triton_backend
-    from kdtree_backend import hook, plugin
+    from kdtree_backend.sglang import hook
+    from kdtree_backend.sglang import plugin
     B = triton_backend.TritonAttnBackend
     fe = B.forward_extend
     cells = [c.cell_contents for c in (fe.__closure__ or ())]
@@ -149,12 +150,12 @@ _OFF = textwrap.dedent(
         fe_wrapped=hasattr(B.forward_extend, "__wrapped__"),
         init_wrapped=hasattr(B.__init__, "__wrapped__"),
         kdtree_hooks=[t for t, hs in HookRegistry._hooks.items() if any(s and s.plugin_name == "kdtree" for _, _, s in hs)],
-        hook_module_imported="kdtree_backend.hook" in sys.modules,
-        loader_imported="kdtree_backend.loader" in sys.modules,
+        hook_module_imported="kdtree_backend.sglang.hook" in sys.modules,
+        loader_imported="kdtree_backend.kernel.loader" in sys.modules,
     )
     # The verification inside register(): a target the registry cannot patch must be reported,
     # with the registry's own (otherwise swallowed) error.
-    from kdtree_backend import plugin
+    from kdtree_backend.sglang import plugin
     from kdtree_backend.errors import KdtreeConfigError
     plugin.TARGET = "builtins.int.bit_length"
     try:
@@ -202,7 +203,7 @@ _SCHEDULER = textwrap.dedent(
     # Defence in depth: were the SystemExit ever swallowed (a future load_plugins() catching
     # BaseException, then applying the hooks as it does today), the guard registered on the way
     # out stops the first backend construction with the same error.
-    from kdtree_backend import plugin
+    from kdtree_backend.sglang import plugin
     from sglang.srt.plugins.hook_registry import HookRegistry
     try:
         plugin.register()

@@ -19,7 +19,7 @@ import pytest
 
 from kdtree_backend.launcher.preflight import analyze_flags, explain_exception, suggest_flag
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "launch_with_kdtree.py"
 FAKE = ROOT / "tests" / "fixtures_ops" / "fake_server.py"
 MODEL = ROOT / "tests" / "fixtures_ops" / "dsv3_tiny"
@@ -231,9 +231,9 @@ def test_on_mode_with_a_backend_that_never_reaches_the_kernel_is_refused(tmp_pat
     from kdtree_backend.errors import KdtreeConfigError
 
     assert str(KdtreeConfigError(out["cause"], out["fix"])) == (
-        "kdtree-backend: KDTREE_VERIFY=on replaces the attention of SGLang's Triton backend, but SGLang resolved "
-        "the attention backend to torch_native (prefill) and torch_native (decode), so the kernel would never run. "
-        "Fix: add --attention-backend triton to the SGLang arguments (or set KDTREE_VERIFY=off)."
+        "kdtree-backend: KDTREE_VERIFY=on, but SGLang resolved the attention backend to 'torch_native', so target "
+        "verify never reaches TritonAttnBackend and the kdtree kernel would never run. Fix: add --attention-backend triton (the kdtree kernel replaces the Triton "
+        "backend's verify attention), or set KDTREE_VERIFY=off to serve without the kernel."
     )
     # and with the Triton backend and speculation the same mode passes, without warnings
     proc = subprocess.run(

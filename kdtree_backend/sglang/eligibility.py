@@ -33,13 +33,18 @@ from typing import Any, Mapping, Optional
 
 import torch
 
+from kdtree_backend.kernel import abi as _abi
+
 QK_HEAD_DIM = 576
 V_HEAD_DIM = 512
-# Largest draft count per request (`max_extend_len`) the kernel takes.
-MAX_DRAFT_TOKENS = 64
+# Largest draft count per request (`max_extend_len`) the kernel takes: the C plan's own limit
+# (kdtree_api.h KDTREE_MAX_QO_LEN, mirrored in abi.MAX_QO_LEN). A server configured for more drafts is
+# refused at start (server_check), so this label only fires for a batch SGLang builds beyond its own
+# --speculative-num-draft-tokens.
+MAX_DRAFT_TOKENS = _abi.MAX_QO_LEN
 
 # KV-cache / activation dtypes the kernel takes. FP8 caches fall back for now. Tests on CPU widen
-# this (the Triton interpreter mis-computes bf16 there, see tests/test_hook_modes.py).
+# this (the Triton interpreter mis-computes bf16 there, see tests/sglang/test_hook_modes.py).
 SUPPORTED_DTYPES = frozenset({torch.bfloat16})
 MASK_DTYPES = frozenset({torch.bool, torch.uint8})
 # TEST-ONLY: let `k is None and v is None` (forward_extend's read-back path, l.1700-1712: draft
@@ -88,16 +93,26 @@ REASONS = (
 )
 
 
-def _mla_pool_class():
-    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+_sglang_types: Optional[tuple] = None
 
-    return MLATokenToKVPool
+
+def _sglang_type_refs() -> tuple:
+    """(MLATokenToKVPool, AttentionType.DECODER), imported once: check() runs on every call."""
+    global _sglang_types
+    if _sglang_types is None:
+        from sglang.srt.layers.radix_attention import AttentionType
+        from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+        _sglang_types = (MLATokenToKVPool, AttentionType.DECODER)
+    return _sglang_types
+
+
+def _mla_pool_class():
+    return _sglang_type_refs()[0]
 
 
 def _decoder_attn_type():
-    from sglang.srt.layers.radix_attention import AttentionType
-
-    return AttentionType.DECODER
+    return _sglang_type_refs()[1]
 
 
 def _dtype_ok(dtype) -> bool:
