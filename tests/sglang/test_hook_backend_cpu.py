@@ -210,6 +210,7 @@ def test_eligibility_matrix(env):
     from sglang.srt.layers.radix_attention import AttentionType
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    from kdtree_backend.sglang import eligibility
     from kdtree_backend.sglang.eligibility import REASONS, check
 
     fx = Fx()
@@ -262,7 +263,9 @@ def test_eligibility_matrix(env):
     assert check(b, layer, batch, q[:, :2], k, v, {}) == "q_shape"
     md = b.forward_metadata
     old = md.max_extend_len
-    md.max_extend_len = 65
+    md.max_extend_len = 65  # DDTree's budget + 1: eligible (no 64-draft cap any more)
+    assert check(b, layer, batch, q, k, v, {}) is None
+    md.max_extend_len = eligibility.MAX_DRAFT_TOKENS + 1  # past the kernel's own limit (abi.MAX_QO_LEN)
     assert check(b, layer, batch, q, k, v, {}) == "draft_len"
     md.max_extend_len = old
     old_mask = md.custom_mask
@@ -637,13 +640,15 @@ def test_verify_share_and_the_fallback_rate_alarm(env, cand, records):
     hook.fallback_watch.__init__(window_s=60.0, threshold=0.01, min_calls=4, clock=lambda: now[0])
     hook.fallback_watch.enabled = True
     fx = Fx()
+    k0 = _sample(env, "kdtree_attention_verify_calls_total", served_by="kdtree", reason="")
+    t0 = _sample(env, "kdtree_attention_verify_calls_total", served_by="triton", reason="logit_cap")
     for _ in range(4):
         fx.call()
-    assert _sample(env, "kdtree_attention_verify_calls_total", served_by="kdtree", reason="") == 4
+    assert _sample(env, "kdtree_attention_verify_calls_total", served_by="kdtree", reason="") == k0 + 4
     fx.layer.logit_cap = 30.0  # a verify call the kernel cannot take: Triton serves it
     fx.call()
     fx.layer.logit_cap = 0.0
-    assert _sample(env, "kdtree_attention_verify_calls_total", served_by="triton", reason="logit_cap") == 1
+    assert _sample(env, "kdtree_attention_verify_calls_total", served_by="triton", reason="logit_cap") == t0 + 1
     assert not [e for e in records.events if e.get("event") == "kdtree_fallback_rate_high"]
     now[0] = 61.0
     fx.call()  # closes the window: 1 of 6 calls fell back
