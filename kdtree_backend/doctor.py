@@ -183,8 +183,8 @@ def check_server(sglang_args: List[str], mode: Optional[Mode], environ: Mapping[
         outcome = run_arg_preflight(sglang_args, mode.value, environ, 300.0)
     except Exception as err:  # run_arg_preflight raises the launcher's own errors: report them as problems
         return [("server", f"REFUSED: {err}")], [str(err)]
-    rows = [("server", w) for w in outcome.get("warnings", [])] if isinstance(outcome, dict) else []
-    if isinstance(outcome, dict) and outcome.get("status") == "error":
+    rows = [("server", w) for w in outcome.get("warnings", [])]  # the outcome dict the launcher reads
+    if outcome.get("status") == "error":
         line = str(KdtreeConfigError(outcome.get("cause", "?"), outcome.get("fix", "?")))
         return rows + [("server", f"REFUSED: {line}")], [line]
     rows.append(("server", f"SGLang arguments parsed and resolved; {'the kdtree kernel can serve target verify' if mode is not Mode.OFF else 'no kernel (off)'}"))

@@ -392,20 +392,17 @@ def check_kernel_reachable(sa, mode: str, out: Outcome) -> None:
 
     result = server_check.check(sa, mode)
     out.warnings.extend(result.warnings)
-    if result.refusals:
-        first = result.refusals[0].error(mode)
-        others = [r.reason for r in result.refusals[1:]]
-        cause = first.cause + (f" (also refused: {', '.join(others)})" if others else "")
-        raise PreflightError(cause, first.fix)
+    err = result.error(mode)
+    if err is not None:
+        raise PreflightError(err.cause, err.fix)
 
 
 def warn_spec_flags_without_algorithm(argv: Sequence[str], sa, out: Outcome) -> None:
     """--speculative-eagle-topk / -num-draft-tokens / -num-steps without --speculative-algorithm: SGLang
     ignores them silently (the seed incident's mistake). Warned about in every mode."""
-    from kdtree_backend.sglang.server_check import _get, _view
+    from kdtree_backend.sglang.server_check import speculative_algorithm
 
-    algo = _get(_view(sa), sa, "speculative_algorithm")
-    if algo and str(getattr(algo, "name", algo)).upper() != "NONE":
+    if speculative_algorithm(sa) is not None:
         return
     given = [t.split("=", 1)[0] for t in argv if t.split("=", 1)[0] in SPEC_TRIPLE]
     if given:

@@ -283,11 +283,9 @@ def _publish_guard(original_fn, server_args, *args, **kwargs):
             result = server_check.check(server_args, _armed_mode.value)
         except Exception as err:  # a bug in the check must not pass for "the kernel will run"
             _fail(err)
-        if result.refusals:
-            first = result.refusals[0].error(_armed_mode.value)
-            others = [r.reason for r in result.refusals[1:]]
-            _fail(KdtreeConfigError(first.cause + (f" (also refused: {', '.join(others)})" if others else ""),
-                                    first.fix))
+        err = result.error(_armed_mode.value)
+        if err is not None:
+            _fail(err)
         _checked_args.add(id(server_args))
         facts = result.facts
         _startup_line(

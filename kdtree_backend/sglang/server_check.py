@@ -37,10 +37,11 @@ BF16_KV_NAMES = ("bf16", "bfloat16")
 
 
 def max_draft_tokens() -> int:
-    """The most draft tokens per request the kernel takes: the C plan's limit (abi.MAX_QO_LEN)."""
-    from kdtree_backend.sglang.eligibility import MAX_DRAFT_TOKENS
+    """The most draft tokens per request the kernel takes: the C plan's limit (abi.MAX_QO_LEN, which
+    eligibility.MAX_DRAFT_TOKENS also is)."""
+    from kdtree_backend.kernel import abi
 
-    return int(MAX_DRAFT_TOKENS)
+    return int(abi.MAX_QO_LEN)
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,14 @@ class ServerCheck:
     def ok(self) -> bool:
         return not self.refusals
 
-    def raise_first(self, mode: str) -> None:
-        if self.refusals:
-            raise self.refusals[0].error(mode)
+    def error(self, mode: str) -> Optional[KdtreeConfigError]:
+        """The one line every caller stops with: the first refusal, naming the others' reasons."""
+        if not self.refusals:
+            return None
+        first = self.refusals[0].error(mode)
+        others = [r.reason for r in self.refusals[1:]]
+        return KdtreeConfigError(first.cause + (f" (also refused: {', '.join(others)})" if others else ""),
+                                 first.fix)
 
 
 def _view(server_args):
@@ -86,6 +92,13 @@ def _get(view, record, name, default=None):
     except Exception:
         value = getattr(record, name, default)
     return default if value is None else value
+
+
+def speculative_algorithm(server_args) -> Optional[str]:
+    """The resolved speculative algorithm's name, or None when there is none."""
+    algo = _get(_view(server_args), server_args, "speculative_algorithm")
+    name = str(getattr(algo, "name", algo)) if algo else None
+    return None if not name or name.upper() == "NONE" else name
 
 
 def verify_backend(view) -> tuple:
@@ -141,10 +154,9 @@ def check(server_args, mode: str, *, model_facts: Optional[Dict[str, Any]] = Non
         out.refusals.append(Refusal(reason, cause, fix))
 
     # 1. The speculative algorithm: without one there is no TARGET_VERIFY pass at all.
-    algo = get("speculative_algorithm")
-    algo_name = str(getattr(algo, "name", algo)) if algo else None
+    algo_name = speculative_algorithm(server_args)
     out.facts["speculative_algorithm"] = algo_name
-    if not algo_name or algo_name.upper() == "NONE":
+    if algo_name is None:
         refuse("no_speculative_algorithm",
                "no --speculative-algorithm is set: without speculative decoding there is no TARGET_VERIFY "
                "pass, so the kdtree kernel would never run",
@@ -238,10 +250,3 @@ def check(server_args, mode: str, *, model_facts: Optional[Dict[str, Any]] = Non
     if heads and not get("enable_dp_attention", False):
         out.facts["heads_per_gpu"] = heads // tp if tp and heads % tp == 0 else None
     return out
-
-
-def enforce(server_args, mode: str) -> ServerCheck:
-    """`check`, raising the first refusal as a KdtreeConfigError (exit 78 through fail_fast)."""
-    result = check(server_args, mode)
-    result.raise_first(mode)
-    return result
