@@ -31,6 +31,7 @@ Pure logic lives in e2e_lib.py (tested on the CPU by tests/test_e2e_cpu.py with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import glob
 import json
@@ -879,6 +880,23 @@ class Run:
 
     # -- suites ------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def phase_guard(self, srv: "Server", phase: dict):
+        """Whatever happens inside, the phase's failure is a check, the server is closed and the phase
+        recorded (with the launcher's exit code and its log)."""
+        try:
+            yield
+        except PhaseError as exc:
+            phase["checks"].append(L.Check("phase ran to the end", False, str(exc)[:2000]))
+        except Exception as exc:  # a bug of this script: still record, still clean up
+            phase["checks"].append(L.Check("phase ran to the end", False, f"{type(exc).__name__}: {exc}"))
+        finally:
+            phase["launcher_rc"] = srv.proc.returncode if srv.proc else None
+            srv.close()
+            phase["server"] = srv.result
+            phase["log"] = os.path.relpath(srv.log_path, self.out)
+            self.record(phase)
+
     def one_server_phase(self, suite: str, spec_text: str, kind: str, spec: L.Spec, graph_bs: Sequence[int],
                          eager_bs: int, cost: float, hard_compare: bool, require_eager: bool) -> None:
         mode, kernel = L.parse_mode(spec_text)
@@ -896,7 +914,7 @@ class Run:
                        "config": {k: cfg[k] for k in ("num_hidden_layers", "num_attention_heads", "hidden_size", "kv_lora_rank",
                                                        "qk_rope_head_dim", "n_routed_experts")},
                        "spec": vars(spec), "graph_bs": list(graph_bs), "eager_bs": eager_bs, "checks": []}
-        try:
+        with self.phase_guard(srv, phase):
             srv.start()
             ready = srv.wait_ready()
             phase["start"] = ready["info"]
@@ -913,16 +931,6 @@ class Run:
             phase["checks"] += L.check_build_info(mode, srv.counts().build_info, self.args.tp_size)
             phase["checks"] += self.compare(suite, name, phase["outputs"], hard_compare)
             self.finish(srv, phase)
-        except PhaseError as exc:
-            phase["checks"].append(L.Check("phase ran to the end", False, str(exc)[:2000]))
-        except Exception as exc:  # a bug of this script: still record, still clean up
-            phase["checks"].append(L.Check("phase ran to the end", False, f"{type(exc).__name__}: {exc}"))
-        finally:
-            phase["launcher_rc"] = srv.proc.returncode if srv.proc else None
-            srv.close()
-            phase["server"] = srv.result
-            phase["log"] = os.path.relpath(srv.log_path, self.out)
-            self.record(phase)
 
     def suite_serve(self) -> None:
         for i, m in enumerate(self.args.modes):
@@ -1086,7 +1094,7 @@ class Run:
                                                            "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                                                            "n_routed_experts", "moe_intermediate_size")},
                            "spec": vars(spec), "graph_bs": graph_bs, "checks": [], "cases": []}
-            try:
+            with self.phase_guard(srv, phase):
                 srv.start()
                 ready = srv.wait_ready()
                 phase["start"] = ready["info"]
@@ -1117,16 +1125,6 @@ class Run:
                         continue
                     phase["cases"].append(self.bench_case(srv, mode, layers, bs, ctx, phase))
                 self.finish(srv, phase)
-            except PhaseError as exc:
-                phase["checks"].append(L.Check("phase ran to the end", False, str(exc)[:2000]))
-            except Exception as exc:
-                phase["checks"].append(L.Check("phase ran to the end", False, f"{type(exc).__name__}: {exc}"))
-            finally:
-                phase["launcher_rc"] = srv.proc.returncode if srv.proc else None
-                srv.close()
-                phase["server"] = srv.result
-                phase["log"] = os.path.relpath(srv.log_path, self.out)
-                self.record(phase)
 
     def bench_case(self, srv: Server, mode: str, layers: int, bs: int, ctx: int, phase: dict) -> dict:
         res_path = srv.run_dir / f"bench-{bs}x{ctx}.jsonl"
