@@ -50,13 +50,15 @@ def test_hopper_kernel_built_for_sm90a_without_spills_or_wgmma_serialisation(rep
     abi.declare_signatures(lib)
     plan = abi.VerifyPlan()
     assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
-    # h29: one wave of CTAs planned (2 row tiles: 66 splits); the split length is the device's (0).
+    # s1: one wave of CTAs planned (2 row tiles: 66 parts); the smallest part is the device's (0, h29).
     assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.num_splits == 66
     assert plan.min_keys_per_split == 0
     assert lib.kdtree_verify_plan(1, 8, 8, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
-    assert plan.row_tiles == 1 and plan.num_splits == 66  # at most half the SMs' worth of splits (h29b)
+    assert plan.row_tiles == 1 and plan.num_splits == 66  # one row tile in all: half the SMs' worth of parts (h29b)
     assert lib.kdtree_verify_plan(8, 8, 8, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
-    assert plan.row_tiles == 1 and plan.num_splits == 16  # 8 row tiles: the whole GPU (h4 -> h5)
+    assert plan.row_tiles == 1 and plan.num_splits == 128  # the batch's tiles over 128 parts (kMaxSplits)
+    assert lib.kdtree_verify_plan(8, 8, 65, 132, abi.CONFIG_HOPPER, ctypes.byref(plan)) == 0
+    assert plan.row_tiles == 9 and plan.num_splits == 14  # B8 H8 n65: 126 CTAs, each 1/14 of the batch (s1)
 
 
 def test_compiler_reports_no_warnings(report):
@@ -130,9 +132,10 @@ def test_requested_splits_are_planned_with_their_workspace(report, config):
     lib = ctypes.CDLL(str(report.path))
     abi.declare_signatures(lib)
     plan = abi.VerifyPlan(requested_splits=8, requested_min_keys_per_split=128)
-    assert lib.kdtree_verify_plan(32, 16, 64, 132, config, ctypes.byref(plan)) == 0  # would plan 1 split
+    assert lib.kdtree_verify_plan(32, 16, 64, 132, config, ctypes.byref(plan)) == 0  # would plan 8 parts
     assert plan.num_splits == 8 and plan.min_keys_per_split == 128 and plan.row_tiles == 16
-    assert plan.workspace_bytes == 32 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4
+    # two slots a part of 16 x 64 rows (512 fp32 + 1 lse each), then (first part, pieces) a request
+    assert plan.workspace_bytes == 2 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4 + 32 * 8
     plan = abi.VerifyPlan(requested_splits=1)
     assert lib.kdtree_verify_plan(1, 8, 16, 132, config, ctypes.byref(plan)) == 0  # would plan 33-66
     assert plan.num_splits == 1 and plan.workspace_bytes == 0
@@ -150,10 +153,13 @@ def test_plan_is_host_only_and_covers_the_gpu(report):
     assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
     assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.min_keys_per_split == 64
     assert plan.row_tiles * plan.num_splits <= 132 < plan.row_tiles * (plan.num_splits + 1)
-    assert plan.workspace_bytes == 1 * plan.num_splits * 2 * 64 * (512 + 1) * 4
-    # A batch that already fills the GPU is not split and needs no workspace.
+    assert plan.workspace_bytes == 2 * plan.num_splits * 2 * 64 * (512 + 1) * 4 + 1 * 8
+    # A batch of 16 row tiles: 8 parts a row tile (128 CTAs, one wave) over the whole batch.
     assert lib.kdtree_verify_plan(32, 16, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
-    assert plan.num_splits == 1 and plan.workspace_bytes == 0
+    assert plan.num_splits == 8 and plan.workspace_bytes == 2 * 8 * 16 * 64 * 513 * 4 + 32 * 8
+    # Row tiles that fill the GPU alone are not split and need no workspace.
+    assert lib.kdtree_verify_plan(4, 128, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
+    assert plan.row_tiles == 128 and plan.num_splits == 1 and plan.workspace_bytes == 0
 
 
 @pytest.mark.parametrize(

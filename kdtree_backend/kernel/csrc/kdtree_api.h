@@ -41,10 +41,10 @@ typedef struct KdtreeVerifyParams {
   int32_t batch;
   int32_t num_heads;
   int32_t max_qo_len;          // the largest draft count; the grid is sized from it
-  int32_t num_splits;          // from the plan
+  int32_t num_splits;          // from the plan: parts per row tile (the batch-wide schedule, common/schedule.cuh)
   int32_t qo_indptr_is_int64;
   int32_t kv_indptr_is_int64;
-  int32_t min_keys_per_split;  // from the plan; 0: the kernel picks each request's split length (h29)
+  int32_t min_keys_per_split;  // from the plan: the smallest part; 0: the kernel picks it from the lengths (h29)
   int32_t config;              // kernel configuration id (0 = portable)
   float sm_scale;
   float k_scale;               // multiplies prefix scores (SGLang's k_scale_float)
@@ -53,13 +53,13 @@ typedef struct KdtreeVerifyParams {
 } KdtreeVerifyParams;
 
 // The launch shape for one (batch, heads, max draft count) on one GPU. Fixed at CUDA-graph
-// capture; the per-request work (prefix length -> active splits) is decided on the device.
+// capture; how the batch's real lengths are cut into the planned parts is decided on the device.
 // The caller zero-fills it and may set the two inputs (benchmark overrides; 0 = the library chooses);
 // kdtree_verify_plan fills the rest. The workspace size is computed here and nowhere else: pass
 // num_splits, min_keys_per_split and a workspace of workspace_bytes to kdtree_verify_run.
 typedef struct KdtreePlan {
   // inputs
-  int32_t requested_splits;            // 1..128 forces the split count (KDTREE_NUM_SPLITS); 0: chosen
+  int32_t requested_splits;            // 1..128 forces the part count (KDTREE_NUM_SPLITS); 0: chosen
   int32_t requested_min_keys_per_split;  // >= 1 forces the smallest split (KDTREE_MIN_KEYS_PER_SPLIT); 0: the
                                          // configuration's own (64 keys portable, device-chosen Hopper)
   // outputs

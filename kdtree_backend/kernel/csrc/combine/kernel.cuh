@@ -1,6 +1,7 @@
-// Merge of the KV splits: for every query row of a request whose keys were cut into more than one
-// split, out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse). Requests that ran in a
-// single split were written directly by the main kernel and are skipped here.
+// Merge of a request's pieces (common/schedule.cuh): for every query row of a request whose key tiles
+// were cut over more than one part, out = sum_s w_s O_s / sum_s w_s with w_s = 2^(lse_s - max lse).
+// Requests held whole by one part were written directly by the main kernel and are skipped here;
+// the main kernel records each request's (first part, pieces) in the workspace.
 #pragma once
 #include <cuda_bf16.h>
 #include <math_constants.h>
@@ -59,41 +60,33 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
     req = load_request(p, b);
     pdl_wait_primary();
   }
-  const int64_t rows_per_split = static_cast<int64_t>(num_row_tiles) * Cfg::kM;
-  const float* ws_o = reinterpret_cast<const float*>(p.workspace);
-  const float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * p.num_splits * rows_per_split * kVDim;
-  const int64_t row0 = static_cast<int64_t>(b) * p.num_splits * rows_per_split + r;
+  const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM);
+  if constexpr (!kPdl) req = load_request(p, b);
+  const int H = p.num_heads;
+  if (r >= req.n * H) return;
+  const int2 info = ws.request[b];  // (first part, pieces): written by this launch's main kernel
+  const int pieces = min(info.y, p.num_splits);
+  if (pieces <= 1) return;
+  // Piece s of the request is in slot 2 f + 1 (s = 0) or 2 (f + s): base + (s == 0 ? 1 : 2 s) slots.
+  const int64_t base_row = 2 * static_cast<int64_t>(info.x) * ws.rows_per_slot + r;
+  const int64_t split_stride4 = ws.rows_per_slot * (kVDim / 4);
+  const float4* src = reinterpret_cast<const float4*>(ws.o + base_row * kVDim + col0) + lane;
+  auto slot_step = [](int s) { return s == 0 ? 1 : 2 * s; };
 
-  // One L2 round trip for the request's indices, the row's lse over the splits and the first
-  // kFirst splits' partials (h38, h38b): none of their addresses depends on the request, and the
-  // partials do not depend on the weights, which only scale them. What is read for a split the
-  // request did not use (stale workspace: any bits) is discarded by selects below, never scaled.
-  // Bounded by the planned split count, so every read stays inside the workspace.
-  const float4* src = reinterpret_cast<const float4*>(ws_o + row0 * kVDim + col0) + lane;
-  const int64_t split_stride4 = rows_per_split * (kVDim / 4);
+  // One L2 round trip for the row's lse over the pieces and the first kFirst pieces' partials (h38,
+  // h38b): the partials do not depend on the weights, which only scale them.
   float4 first[Lay::kFirst][Lay::kF4];
 #pragma unroll
   for (int s = 0; s < Lay::kFirst; ++s)
 #pragma unroll
     for (int i = 0; i < Lay::kF4; ++i)
-      first[s][i] = s < p.num_splits ? src[s * split_stride4 + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
+      first[s][i] = s < pieces ? src[slot_step(s) * split_stride4 + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
   float lse_l[kMaxSplits / 32];
 #pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) {
     const int s = lane + 32 * k;
-    lse_l[k] = s < p.num_splits ? ws_lse[row0 + s * rows_per_split] : -CUDART_INF_F;
+    lse_l[k] = s < pieces ? ws.lse[base_row + slot_step(s) * ws.rows_per_slot] : -CUDART_INF_F;
   }
-  if constexpr (!kPdl) req = load_request(p, b);
-  const int H = p.num_heads;
-  if (r >= req.n * H) return;
-  const SplitWork w = request_split_work<Cfg>(p, req);
-  if (w.active <= 1) return;
-#pragma unroll
-  for (int k = 0; k < kMaxSplits / 32; ++k) lse_l[k] = lane + 32 * k < w.active ? lse_l[k] : -CUDART_INF_F;
-#pragma unroll
-  for (int s = 0; s < Lay::kFirst; ++s)
-#pragma unroll
-    for (int i = 0; i < Lay::kF4; ++i) first[s][i] = s < w.active ? first[s][i] : make_float4(0.f, 0.f, 0.f, 0.f);
 
   // The weights, in parallel over the warp's lanes (one split per lane), kept in shared memory;
   // then the first splits' partials and a branch-free accumulation of the rest, with several
@@ -109,8 +102,8 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
 #pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) {
     const int s = lane + 32 * k;
-    if (s < w.active) {
-      // A split that saw none of this row's keys has lse = -inf: weight 0 (its partial row is 0).
+    if (s < pieces) {
+      // A piece that saw none of this row's keys has lse = -inf: weight 0 (its partial row is 0).
       const float wt = lse_max == -CUDART_INF_F ? 0.f : exp2f(lse_l[k] - lse_max);
       wrow[s] = wt;
       wsum += wt;
@@ -125,7 +118,7 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   for (int i = 0; i < Lay::kF4; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int s = 0; s < Lay::kFirst; ++s) {
-    const float wt = s < w.active ? wrow[s] : 0.f;
+    const float wt = s < pieces ? wrow[s] : 0.f;
 #pragma unroll
     for (int i = 0; i < Lay::kF4; ++i) {
       acc[i].x += wt * first[s][i].x;
@@ -135,9 +128,9 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
     }
   }
 #pragma unroll Lay::kUnroll
-  for (int s = Lay::kFirst; s < w.active; ++s) {
+  for (int s = Lay::kFirst; s < pieces; ++s) {
     const float wt = wrow[s];
-    const float4* sp = src + s * split_stride4;
+    const float4* sp = src + slot_step(s) * split_stride4;
 #pragma unroll
     for (int i = 0; i < Lay::kF4; ++i) {
       const float4 v = sp[32 * i];

@@ -1,5 +1,5 @@
 // Host-side launch planning shared by every kernel configuration (portable and Hopper): row tiles,
-// the split count, the workspace layout and its check, the CUDA-error -> status mapping. No CUDA
+// the part count, the workspace layout and its check, the CUDA-error -> status mapping. No CUDA
 // calls, so the C API (kdtree_api.cu) and both launchers (portable/, hopper/launch.cu) agree by construction.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -8,46 +8,41 @@
 
 #include "../kdtree_api.h"
 #include "mla.h"
-#include "split_rule.cuh"
+#include "schedule.cuh"
 
 namespace kdtree {
 
-// Measured on the H200 (docs/kernel/journal.md). Portable: 32-128 tie for long prefixes, 64 is best
-// at L=1k, 512+ starves small batches of CTAs.
+// The smallest part, in keys (the plan's min_keys_per_split). Portable: 64 (measured on the H200:
+// 32-128 tie for long prefixes, 64 is best at L = 1k). Hopper (h29): 0, the device's choice from the
+// batch's longest request (common/schedule.cuh, min_part_tiles), because the best length grows with
+// the prefix, which a plan fixed at CUDA-graph capture cannot see.
 constexpr int kDefaultMinKeysPerSplit = 64;
-// Hopper (h29): the split length is left to the device (0: split_work's round(sqrt(key tiles) / 3)
-// tiles), because the best length grows with the prefix, which a plan fixed at CUDA-graph capture
-// cannot see. It replaces h4's rule (batches of <= 2 row tiles over half the SMs), which was right
-// at L = 8k and cost 18% at L = 32k (journal "The split count on small batches").
 constexpr int kHopperMinKeysPerSplit = 0;
-// Hopper: at most half the SMs' worth of splits are planned. A single-row-tile batch (B1 H8 n8) is
-// best at 66 splits at every prefix and loses 4% at 128 (journal h11 / "The split count on small
-// batches"); the cap binds only for batches of 1-2 row tiles (h29b; one wave for every batch, h29's
-// first plan, measured slower there).
+// Hopper: a launch of one or two row tiles in all (B1 H8 n8) is best at half the SMs' worth of parts:
+// 66 beat 128 by 4% at every prefix (journal h11, h29b).
 constexpr bool kHopperCapSplitsAtHalfSms = true;
 
-// The split count is fixed per (batch, row tiles) at plan time because the prefix lengths are
-// unknown then (CUDA-graph capture sees dummy ones). The main kernels run one CTA per SM
-// (launch bounds + their shared memory), so pick the count that minimises waves / splits, with a
-// small charge for splitting at all (combine pass, Q re-loads). Short prefixes use fewer splits
-// on the device (min_keys_per_split).
-inline int choose_splits(int64_t base_ctas, int num_sms) {
-  if (base_ctas >= num_sms) {
-    // Already a full wave: split only if it evens out a ragged last wave.
-    double best_cost = 1e30;
-    int best = 1;
-    for (int s = 1; s <= 4; ++s) {
-      const int64_t waves = (base_ctas * s + num_sms - 1) / num_sms;
-      const double cost = static_cast<double>(waves) / s + (s > 1 ? 0.05 * waves / s + 0.02 : 0.0);
-      if (cost < best_cost - 1e-9) {
-        best_cost = cost;
-        best = s;
-      }
+// The part count (s1). Every row tile has `parts` CTAs, each over an equal share of the whole batch's
+// key tiles (common/schedule.cuh), so the grid is row_tiles x parts CTAs of equal work, one CTA per
+// SM at a time (launch bounds + shared memory). The count that fills the waves best wins:
+// util(p) = row_tiles * p / (num_sms * waves(p)), less 0.04 for every wave beyond the fewest (each
+// wave adds a start per part and partial outputs to merge). The batch and the prefixes do not
+// enter: the device cuts the batch's real lengths into the planned parts at every replay.
+inline int choose_parts(int row_tiles, int num_sms) {
+  const int64_t rt = row_tiles;
+  auto waves = [&](int p) { return (rt * p + num_sms - 1) / num_sms; };
+  const int64_t w1 = waves(1);
+  double best_score = -1.0;
+  int best = 1;
+  for (int p = 1; p <= kMaxSplits && waves(p) <= w1 + 7; ++p) {
+    const double util = static_cast<double>(rt * p) / (static_cast<double>(num_sms) * waves(p));
+    const double score = util - 0.04 * static_cast<double>(waves(p) - w1);
+    if (score > best_score + 1e-9) {
+      best_score = score;
+      best = p;
     }
-    return best;
   }
-  int s = static_cast<int>(num_sms / base_ctas);
-  return s < 1 ? 1 : (s > kMaxSplits ? kMaxSplits : s);
+  return best;
 }
 
 inline int row_tiles_for(int num_heads, int max_qo_len, int rows_per_tile) {
@@ -61,9 +56,12 @@ inline int status_of(cudaError_t e) {
                                                                                        : KDTREE_ERR_CUDA;
 }
 
-// Split partials: per (request, split, row) 512 fp32 values, then one fp32 log2-sum-exp per row.
-inline int64_t workspace_bytes(int batch, int splits, int row_tiles, int rows_per_tile) {
-  return splits > 1 ? static_cast<int64_t>(batch) * splits * row_tiles * rows_per_tile * (kVDim + 1) * 4 : 0;
+// The split workspace (common/schedule.cuh, workspace_view): 2 slots a part of row_tiles x
+// rows_per_tile partial rows (512 fp32 and one fp32 log2-sum-exp each), then one int2 a request.
+// None for one part: every request is then written directly.
+inline int64_t workspace_bytes(int batch, int parts, int row_tiles, int rows_per_tile) {
+  if (parts <= 1) return 0;
+  return 2 * static_cast<int64_t>(parts) * row_tiles * rows_per_tile * (kVDim + 1) * 4 + static_cast<int64_t>(batch) * 8;
 }
 
 // KDTREE_OK, or KDTREE_ERR_WORKSPACE with the reason in `err` when a split launch lacks room.
@@ -71,26 +69,26 @@ inline int check_workspace(const KdtreeVerifyParams& p, int row_tiles, int rows_
   if (p.num_splits <= 1) return KDTREE_OK;
   const int64_t need = workspace_bytes(p.batch, p.num_splits, row_tiles, rows_per_tile);
   if (p.workspace != nullptr && p.workspace_bytes >= need) return KDTREE_OK;
-  snprintf(err, err_len, "workspace of %lld bytes is too small: %lld needed for %d splits",
+  snprintf(err, err_len, "workspace of %lld bytes is too small: %lld needed for %d parts",
            static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.num_splits);
   return KDTREE_ERR_WORKSPACE;
 }
 
 // The plan's outputs from its inputs (requested_splits / requested_min_keys_per_split, 0 = choose; the
-// caller has range-checked them): the one place the split count and the workspace size are decided.
+// caller has range-checked them): the one place the part count and the workspace size are decided.
 inline void fill_plan(int rows_per_tile, int min_keys_per_split, int batch, int num_heads, int max_qo_len, int num_sms,
                       KdtreePlan* plan, bool cap_at_half_sms = false) {
   const int row_tiles = row_tiles_for(num_heads, max_qo_len, rows_per_tile);
-  const int64_t base_ctas = static_cast<int64_t>(batch) * row_tiles;
-  int splits = choose_splits(base_ctas, num_sms);
-  if (cap_at_half_sms && num_sms >= 2 && splits > num_sms / 2) splits = num_sms / 2;
-  if (plan->requested_splits > 0) splits = plan->requested_splits;
-  plan->num_splits = splits;
+  int parts = choose_parts(row_tiles, num_sms);
+  if (cap_at_half_sms && static_cast<int64_t>(batch) * row_tiles <= 2 && num_sms >= 2 && parts > num_sms / 2)
+    parts = num_sms / 2;
+  if (plan->requested_splits > 0) parts = plan->requested_splits;
+  plan->num_splits = parts;
   plan->row_tiles = row_tiles;
   plan->rows_per_tile = rows_per_tile;
   plan->min_keys_per_split = plan->requested_min_keys_per_split > 0 ? plan->requested_min_keys_per_split
                                                                      : min_keys_per_split;
-  plan->workspace_bytes = workspace_bytes(batch, splits, row_tiles, rows_per_tile);
+  plan->workspace_bytes = workspace_bytes(batch, parts, row_tiles, rows_per_tile);
 }
 
 }  // namespace kdtree

@@ -1,6 +1,7 @@
-// What a CTA reads about its request before any tile: the request view (its query tokens, prefix and
-// slot range from the index arrays), its split work, and where its query rows come from and its
-// output rows go. Shared by the portable and Hopper kernels and the split combine, so they agree.
+// What a CTA reads about its work before any tile: the request view (its query tokens, prefix and
+// slot range from the index arrays), its part's walk over the batch (common/schedule.cuh: segments,
+// each a tile range of one request), and where its query rows come from and its output rows go.
+// Shared by the portable and Hopper kernels and the split combine, so they agree.
 #pragma once
 #include <cuda_bf16.h>
 #include <stdint.h>
@@ -8,7 +9,7 @@
 #include "../kdtree_api.h"
 #include "mla.h"
 #include "ptx.cuh"
-#include "split_rule.cuh"
+#include "schedule.cuh"
 
 namespace kdtree {
 
@@ -19,53 +20,197 @@ struct RequestView {
   int prefix;   // committed prefix length
 };
 
-__device__ __forceinline__ RequestView load_request(const KdtreeVerifyParams& p, int b) {
+// The view from the request's index entries qo_indptr[b], [b + 1], kv_indptr[b], [b + 1].
+__device__ __forceinline__ RequestView request_view(const KdtreeVerifyParams& p, int64_t q0, int64_t q1, int64_t kv0,
+                                                    int64_t kv1) {
   RequestView r;
-  const bool qo64 = p.qo_indptr_is_int64 != 0;
-  const bool kv64 = p.kv_indptr_is_int64 != 0;
-  r.q0 = load_index(p.qo_indptr, b, qo64);
-  int64_t n = load_index(p.qo_indptr, b + 1, qo64) - r.q0;
+  r.q0 = q0;
+  int64_t n = q1 - q0;
   // The grid covers max_qo_len rows per request; never index past what the grid was sized for.
   n = n < 0 ? 0 : (n > p.max_qo_len ? p.max_qo_len : n);
   r.n = static_cast<int>(n);
-  r.kv0 = load_index(p.kv_indptr, b, kv64);
-  const int64_t prefix = load_index(p.kv_indptr, b + 1, kv64) - r.kv0;
+  r.kv0 = kv0;
+  const int64_t prefix = kv1 - kv0;
   r.prefix = prefix < 0 ? 0 : static_cast<int>(prefix);
   return r;
 }
 
-// How a request's keys are cut for configuration Cfg: the one place the verify kernels and the
-// split combine compute it, so they always agree on a request's splits.
-template <class Cfg>
-__device__ __forceinline__ SplitWork request_split_work(const KdtreeVerifyParams& p, const RequestView& req) {
-  return split_work<Cfg::kAutoSplitLength>(req.prefix, req.n, p.num_splits,
-                                           min_tiles_per_split(p.min_keys_per_split, Cfg::kBN), Cfg::kBN);
+__device__ __forceinline__ RequestView load_request(const KdtreeVerifyParams& p, int b) {
+  const bool qo64 = p.qo_indptr_is_int64 != 0;
+  const bool kv64 = p.kv_indptr_is_int64 != 0;
+  return request_view(p, load_index(p.qo_indptr, b, qo64), load_index(p.qo_indptr, b + 1, qo64),
+                      load_index(p.kv_indptr, b, kv64), load_index(p.kv_indptr, b + 1, kv64));
 }
 
-// What one CTA (a row tile x one KV split of one request) works on. Both kernels start here: the
-// grid is sized for the longest request and the most splits, and each CTA reads its real work
-// on the device (CUDA-graph replays change the lengths). False: nothing to do, exit.
-struct CtaWork {
-  RequestView req;
-  int rows;     // the request's query rows (n x H)
-  SplitWork w;
-  int t_begin;  // this split's key tiles: [t_begin, t_end)
-  int t_end;
+struct KeyTiles {
+  int prefix_tiles;  // the request's prefix tiles come first, then its draft tiles
+  int key_tiles;
 };
 
+// One segment of a part: a contiguous range of one request's key tiles, for one row tile.
+struct CtaWork {
+  RequestView req;
+  int b;
+  int rows;     // the request's query rows (n x H)
+  KeyTiles w;
+  int t_begin;  // this segment's key tiles: [t_begin, t_end)
+  int t_end;
+  bool direct;  // the segment holds all of the request's tiles: it writes `out`
+  int slot;     // otherwise its partials' workspace slot (common/schedule.cuh)
+  bool last;    // no later request starts inside the part (the part's last segment, barring empty ones)
+};
+
+// The part schedule's state in shared memory (a member of each kernel's SharedStorage): the scan's
+// scratch, the part's range, the walk's position and the next segment. Thread 0 walks
+// (next_segment); after a __syncthreads every thread copies the segment from here, so nothing of the
+// walk is live in registers across a segment (the portable kernel has none to spare on sm_120).
+struct ScheduleScratch {
+  int64_t warp_cost[32];   // each warp's sum of its requests' costs
+  int64_t first_index[4];  // the part's first request: qo_indptr[b], [b + 1], kv_indptr[b], [b + 1]
+  int64_t lo, hi, len;     // the part's range of the cost axis, and the part length
+  int64_t next_c;          // the walk's position: the next request's cost position
+  int warp_max_tiles[32];  // each warp's longest request in key tiles
+  int part;
+  int next_b;              // the next request to look at
+  int has_first;           // first_index holds request next_b's index entries (the first request only)
+  int more;                // next_segment found a segment: it is `seg`
+  CtaWork seg;             // the segment every thread runs next (written by thread 0)
+};
+
+// Block-wide (every thread calls it, once): the batch's cost prefix over the requests (each thread
+// sums a contiguous chunk of requests, then a block scan), the part length, and the request that holds
+// the part's first position, all into `sc`. False: the part is empty (the batch has less work than
+// the grid); the same on every thread.
 template <class Cfg>
-__device__ __forceinline__ bool cta_work(const KdtreeVerifyParams& p, int b, int row_tile, int split, CtaWork& cw) {
-  cw.req = load_request(p, b);
-  cw.rows = cw.req.n * p.num_heads;
-  if (row_tile * Cfg::kM >= cw.rows) return false;
-  // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
-  // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
-  if (p.custom_mask != nullptr && static_cast<int64_t>(cw.req.n) * (cw.req.prefix + cw.req.n) > 0x7fffffffLL) __trap();
-  cw.w = request_split_work<Cfg>(p, cw.req);
-  cw.t_begin = split * cw.w.tiles_per_split;
-  if (cw.t_begin >= cw.w.key_tiles) return false;
-  cw.t_end = min(cw.w.key_tiles, cw.t_begin + cw.w.tiles_per_split);
+__device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part, ScheduleScratch& sc) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kWarps = Cfg::kThreads / 32;
+  static_assert(Cfg::kThreads % 32 == 0 && kWarps <= 32, "the schedule's scan takes whole warps, at most 32");
+  const bool qo64 = p.qo_indptr_is_int64 != 0;
+  const bool kv64 = p.kv_indptr_is_int64 != 0;
+  const int per = (p.batch + Cfg::kThreads - 1) / Cfg::kThreads;
+  const int b_lo = tid * per;
+  const int b_hi = min(p.batch, b_lo + per);
+  int64_t sum = 0;
+  int max_tiles = 0;
+  if (b_lo < b_hi) {
+    int64_t q_prev = load_index(p.qo_indptr, b_lo, qo64), k_prev = load_index(p.kv_indptr, b_lo, kv64);
+    for (int b = b_lo; b < b_hi; ++b) {
+      const int64_t q_next = load_index(p.qo_indptr, b + 1, qo64), k_next = load_index(p.kv_indptr, b + 1, kv64);
+      const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
+      const int kt = request_key_tiles(r.prefix, r.n, Cfg::kBN);
+      sum += request_cost(kt);
+      max_tiles = max(max_tiles, kt);
+      q_prev = q_next;
+      k_prev = k_next;
+    }
+  }
+  int64_t incl = sum;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int64_t v = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += v;
+  }
+  int wmax = max_tiles;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+  if (lane == 31) sc.warp_cost[warp] = incl;
+  if (lane == 0) sc.warp_max_tiles[warp] = wmax;
+  __syncthreads();
+  int64_t excl = incl - sum, total = 0;
+  int batch_max_tiles = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int64_t c = sc.warp_cost[w];
+    excl += w < warp ? c : 0;
+    total += c;
+    batch_max_tiles = max(batch_max_tiles, sc.warp_max_tiles[w]);
+  }
+  const int64_t len = part_length(total, p.num_splits, min_part_tiles(p.min_keys_per_split, Cfg::kBN, batch_max_tiles));
+  const int64_t lo = static_cast<int64_t>(part) * len;
+  if (lo >= total) return false;  // the same on every thread
+  if (tid == 0) {
+    sc.lo = lo;
+    sc.hi = min(lo + len, total);
+    sc.len = len;
+    sc.part = part;
+    sc.has_first = 1;
+  }
+  // The one thread whose chunk holds position lo names the request there.
+  if (sum > 0 && excl <= lo && lo < excl + sum) {
+    int64_t c = excl;
+    int64_t q_prev = load_index(p.qo_indptr, b_lo, qo64), k_prev = load_index(p.kv_indptr, b_lo, kv64);
+    for (int b = b_lo; b < b_hi; ++b) {
+      const int64_t q_next = load_index(p.qo_indptr, b + 1, qo64), k_next = load_index(p.kv_indptr, b + 1, kv64);
+      const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
+      const int64_t cost = request_cost(request_key_tiles(r.prefix, r.n, Cfg::kBN));
+      if (lo < c + cost) {
+        sc.next_b = b;
+        sc.next_c = c;
+        sc.first_index[0] = q_prev;
+        sc.first_index[1] = q_next;
+        sc.first_index[2] = k_prev;
+        sc.first_index[3] = k_next;
+        break;
+      }
+      c += cost;
+      q_prev = q_next;
+      k_prev = k_next;
+    }
+  }
+  __syncthreads();
   return true;
+}
+
+// Thread 0 only: the part's next segment that has rows in `row_tile`, from the walk's position in
+// `sc`, into sc.seg (sc.more = 0 when the part is done), and the new position. The CTA of row tile 0
+// that holds a request's first tile records (first part, pieces) for the combine. The caller syncs
+// before any thread reads sc.seg.
+template <class Cfg>
+__device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int row_tile, ScheduleScratch& sc) {
+  const int64_t lo = sc.lo, hi = sc.hi;
+  int b = sc.next_b;
+  int64_t c_b = sc.next_c;
+  bool has_first = sc.has_first != 0;
+  sc.more = 0;
+  for (; c_b < hi && b < p.batch; has_first = false) {
+    const RequestView req = has_first ? request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2],
+                                                     sc.first_index[3])
+                                      : load_request(p, b);
+    const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
+    const int64_t c_this = c_b;
+    const int b_this = b;
+    c_b += request_cost(kt);
+    ++b;
+    const Piece pc = piece_in_part(c_this, kt, lo, hi);
+    if (pc.t_begin >= pc.t_end) continue;
+    if (row_tile == 0 && pc.t_begin == 0 && p.num_splits > 1) {
+      const int last_part = part_of(c_this + kOverheadTiles + kt - 1, sc.len);
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
+      ws.request[b_this] = make_int2(sc.part, last_part - sc.part + 1);
+    }
+    const int rows = req.n * p.num_heads;
+    if (row_tile * Cfg::kM >= rows) continue;
+    // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
+    // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
+    if (p.custom_mask != nullptr && static_cast<int64_t>(req.n) * (req.prefix + req.n) > 0x7fffffffLL) __trap();
+    CtaWork& cw = sc.seg;
+    cw.req = req;
+    cw.b = b_this;
+    cw.rows = rows;
+    cw.w.prefix_tiles = (req.prefix + Cfg::kBN - 1) / Cfg::kBN;
+    cw.w.key_tiles = kt;
+    cw.t_begin = pc.t_begin;
+    cw.t_end = pc.t_end;
+    cw.direct = !pc.head && !pc.tail;
+    cw.slot = piece_slot(sc.part, pc.head);
+    cw.last = !(c_b < hi && b < p.batch);
+    sc.more = 1;
+    break;
+  }
+  sc.next_b = b;
+  sc.next_c = c_b;
+  sc.has_first = 0;
 }
 
 // Query row r of the request is (token r / H, head r % H). Rows past the request read row 0 and

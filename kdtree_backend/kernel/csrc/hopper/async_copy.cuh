@@ -10,6 +10,11 @@ namespace hopper {
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// Ends an mbarrier whose phases are all complete, before its word is initialised again (the next
+// segment of a part, common/schedule.cuh): the PTX ISA requires it before the memory is reused.
+__device__ __forceinline__ void mbar_inval(uint32_t bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // Arrives on `bar` when all of this thread's earlier cp.async have landed (count set at init).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");

@@ -15,7 +15,7 @@ namespace hopper {
 // Writes this thread's 2 rows x 256 columns of O (already normalised by 1/l) to `out` (bf16) or to
 // the split workspace (fp32), by register stores.
 __device__ __forceinline__ void store_half_registers(const float (&o)[128], const float (&inv_l)[2], const KdtreeVerifyParams& p,
-                                           const RequestView& req, int b, int split, int row_tile, int num_row_tiles,
+                                           const RequestView& req, int slot, int row_tile, int num_row_tiles,
                                            int row_in_tile0, int col_half, int lane, bool direct) {
   const int H = p.num_heads;
   const int rows = req.n * H;
@@ -32,8 +32,9 @@ __device__ __forceinline__ void store_half_registers(const float (&o)[128], cons
             pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
       }
     } else {
-      const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + r;
-      float* ws_o = reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col_lane;
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, HopperConfig::kM);
+      const int64_t ws_row = static_cast<int64_t>(slot) * ws.rows_per_slot + r;
+      float* ws_o = ws.o + ws_row * kVDim + col_lane;
 #pragma unroll
       for (int nb = 0; nb < 32; ++nb) {
         *reinterpret_cast<float2*>(ws_o + nb * 8) =
@@ -79,14 +80,14 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
   }
 }
 
-// Where the CTA's output rows go and how: the request ran in one split (direct) -> `out`, normalised
-// bf16 rows; otherwise the split workspace, fp32 partial rows and one log2-sum-exp a row for the
-// combine. Both warpgroups store their half of O through it.
+// Where the segment's output rows go and how: it holds all of the request's tiles (direct) -> `out`,
+// normalised bf16 rows; otherwise its piece's workspace slot, fp32 partial rows and one
+// log2-sum-exp a row for the combine. Both warpgroups store their half of O through it.
 struct OutputTile {
   const KdtreeVerifyParams& p;
   const RequestView& req;
-  int b, split, row_tile, num_row_tiles;
-  bool direct;  // the request ran in one split
+  int slot, row_tile, num_row_tiles;  // slot: the piece's workspace slot (common/schedule.cuh)
+  bool direct;  // the segment holds all of the request's tiles
   bool staged;  // direct, and `out`'s rows are 16-byte aligned: through shared memory and bulk copies (h9)
 
   // This warpgroup's half of O (col_half 0: WG0, 1: WG1), normalised by inv_l; stage_*: the idle
@@ -97,20 +98,19 @@ struct OutputTile {
     if (staged) {
       store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, col_half, lane, tid & 127, stage_smem, stage_ptr);
     } else {
-      store_half_registers(o, inv_l, p, req, b, split, row_tile, num_row_tiles, row_in_tile0, col_half, lane, direct);
+      store_half_registers(o, inv_l, p, req, slot, row_tile, num_row_tiles, row_in_tile0, col_half, lane, direct);
     }
   }
 
   // Split partials only: this thread's rows' log2-sum-exp (from SharedStorage::lse) to the
   // workspace, after all partial rows; one thread per row (lane & 3 == 0 of WG0).
   __device__ __forceinline__ void store_lse(const float* s_lse, int rows, int row_in_tile0) const {
-    const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * HopperConfig::kM * kVDim;
+    const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, HopperConfig::kM);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int r = row_tile * HopperConfig::kM + row_in_tile0 + 8 * rr;
       if (r < rows) {
-        const int64_t ws_row = (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * HopperConfig::kM) + r;
-        reinterpret_cast<float*>(p.workspace)[lse_base + ws_row] = s_lse[row_in_tile0 + 8 * rr];
+        ws.lse[static_cast<int64_t>(slot) * ws.rows_per_slot + r] = s_lse[row_in_tile0 + 8 * rr];
       }
     }
   }

@@ -21,14 +21,14 @@ namespace hopper {
 struct KGather {
   const KdtreeVerifyParams& p;
   const RequestView& req;
-  const SplitWork& w;
+  const KeyTiles& w;
   int t_begin, t_end;
   uint32_t stages;    // shared address of the K stages (SharedStorage::k)
   uint32_t bar_full;  // shared address of the stages' full barriers (+ 8 * stage)
   int chunk;          // this thread's 16-byte chunk of each atom
   int key0;           // this thread's first key of the tile (+ 16u)
 
-  __device__ __forceinline__ KGather(const KdtreeVerifyParams& p_, const RequestView& req_, const SplitWork& w_,
+  __device__ __forceinline__ KGather(const KdtreeVerifyParams& p_, const RequestView& req_, const KeyTiles& w_,
                                      int t_begin_, int t_end_, uint32_t stages_, uint32_t bar_full_, int tid)
       : p(p_), req(req_), w(w_), t_begin(t_begin_), t_end(t_end_), stages(stages_), bar_full(bar_full_),
         chunk((tid & 127) & 7), key0((tid & 127) >> 3) {}

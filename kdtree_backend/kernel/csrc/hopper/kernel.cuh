@@ -47,36 +47,20 @@
 namespace kdtree {
 namespace hopper {
 
-// kFold (h13): the score and P scales are folded into the softmax's exp2 (positive, finite scales
-// only: the launcher picks the instantiation, so the hot loop has one softmax body either way).
-// q_map / q_tma (h23): when the launcher could encode q as a {576, H, tokens} tensor map whose
-// 64-column x 64-row box is one row tile (H divides 64, or 64 divides H), q_tma is 1 and every row
-// tile wholly inside its request loads Q with nine TMA boxes; otherwise (and for a tile with
-// padding rows) Q comes through cp.async, which zero-fills the padding rows.
+// One segment of the CTA's part (common/schedule.cuh): row tile `row_tile` of request cw.b over its
+// key tiles [t_begin, t_end). Starts with idle barriers (initialised here; the caller ends the previous
+// segment's with mbar_inval after a __syncthreads) and ends with every copy landed and every output
+// row stored, so the next segment may reuse all of shared memory.
 template <bool kFold>
-__global__ void __launch_bounds__(HopperConfig::kThreads, 1)
-    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
+__device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const CUtensorMap& q_map, const int q_tma,
+                                            const CtaWork& cw, const int row_tile, const int tid, const int lane,
+                                            const int wg, const int warp_in_wg) {
   using Cfg = HopperConfig;
-  const int row_tile = blockIdx.x;
-  const int split = blockIdx.y;
-  const int b = blockIdx.z;
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  // The warpgroup index through a warp reduction (REDUX writes a uniform register): ptxas then
-  // knows the role branches below are warp-uniform, and the K-stage descriptor inside WG0's loop
-  // stays in uniform registers (2-3 uniform instructions per QK^T wgmma instead of ~7.5 with two
-  // R2UR), and 30 registers fewer are live (journal h18).
-  const int wg = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<unsigned>(tid >> 7)));  // 0: math, 1: helper
-  const int warp_in_wg = (tid >> 5) & 3;
-
-  KDTREE_PROFILER_INIT();
+  KDTREE_PROFILER_INIT();  // the diagnostics build records each CTA's last segment
   KDTREE_MILESTONE(Milestone::kCtaStart);
-  if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
-  CtaWork cw;
-  if (!cta_work<Cfg>(p, b, row_tile, split, cw)) return;
   KDTREE_MILESTONE(Milestone::kRequestLoaded);
   const RequestView& req = cw.req;
-  const SplitWork& w = cw.w;
+  const KeyTiles& w = cw.w;
   const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
   const int num_tiles = t_end - t_begin;
 
@@ -119,7 +103,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const int row_in_tile0 = warp_in_wg * 16 + (lane >> 2);  // this thread's rows: + 0 and + 8
   uint32_t first_bits[2] = {0u, 0u};
   if (wg == 0 && t_begin <= w.prefix_tiles && w.prefix_tiles < t_end)  // owns the first draft tile
-    first_draft_tile_bits(p, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
+    first_draft_tile_bits(p, cw.b, req.prefix, req.n, row_tile * Cfg::kM + row_in_tile0, lane, first_bits);
   if (wg == 1) {
     gather.issue_tile(t_begin, slots);
     gather.fetch_slots(t_begin + 1, slots);  // h21b: tile 1 is issued once Q has landed (a smaller first burst)
@@ -135,12 +119,12 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   KDTREE_MILESTONE(Milestone::kQVisible);
 
   float o[128];
-  const bool direct = w.active == 1;
+  const bool direct = cw.direct;
   const int num_row_tiles = gridDim.x;
   // The direct output goes through shared memory and bulk copies when its rows are 16-byte aligned
   // (always, for a torch-allocated tensor; an 8-byte aligned `out` view takes the register path).
   const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
-  const OutputTile out{p, req, b, split, row_tile, num_row_tiles, direct, staged_store};
+  const OutputTile out{p, req, cw.slot, row_tile, num_row_tiles, direct, staged_store};
 
   if (wg == 0) {
     // =========================== math warpgroup ===========================
@@ -166,7 +150,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
       const float tile_scale = is_prefix ? prefix_scale : draft_scale;
-      scale_and_mask<kFold>(s, p, is_prefix, tile_scale, key_base, req.prefix, req.n, row0, lane, first_bits);
+      scale_and_mask<kFold>(s, p, is_prefix, tile_scale, key_base, cw.b, req.prefix, req.n, row0, lane, first_bits);
       float alpha[2];
       bool any_move;
       softmax_rows<kFold>(s, st, alpha, any_move, tile_scale);
@@ -206,9 +190,10 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     finish_rows(st, inv_l, s_inv_l, s_lse, row_in_tile0, lane);  // row statistics for WG1 and the combine
     named_barrier(NamedBarrier::kFinal, 256);  // also: both warpgroups are done with the K stages
     KDTREE_MILESTONE(Milestone::kFinalBarrier);
-    // h39: the split combine (a programmatic dependent) may start once every CTA is here: its blocks
-    // load the request's indices while the output stores drain, then wait for this grid to finish.
-    if (tid == 0) pdl_launch_dependents();
+    // h39: the split combine (a programmatic dependent) may start once every CTA is here (at its
+    // part's last segment): its blocks load the request's indices while the output stores drain,
+    // then wait for this grid to finish.
+    if (cw.last && tid == 0) pdl_launch_dependents();
     out.store_half(o, inv_l, row_in_tile0, 0, lane, tid, sK, g_hopper_smem + SmemLayout::kK);
     if (!direct && (lane & 3) == 0) out.store_lse(s_lse, rows, row_in_tile0);
     KDTREE_MILESTONE(Milestone::kOutputStored);
@@ -243,6 +228,50 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     out.store_half(o, inv_l, row_in_tile0, 1, lane, tid, sK, g_hopper_smem + SmemLayout::kK);
     KDTREE_MILESTONE(Milestone::kHelperOutputStored);
     KDTREE_PROFILER_COMMIT(1, num_tiles, NamedBarrier::kProfiler);
+  }
+}
+
+
+// kFold (h13): the score and P scales are folded into the softmax's exp2 (positive, finite scales
+// only: the launcher picks the instantiation, so the hot loop has one softmax body either way).
+// q_map / q_tma (h23): when the launcher could encode q as a {576, H, tokens} tensor map whose
+// 64-column x 64-row box is one row tile (H divides 64, or 64 divides H), q_tma is 1 and every row
+// tile wholly inside its request loads Q with nine TMA boxes; otherwise (and for a tile with
+// padding rows) Q comes through cp.async, which zero-fills the padding rows.
+// Grid: (row tiles, parts). CTA (row_tile, part) runs the part's segments one after another (s1).
+template <bool kFold>
+__global__ void __launch_bounds__(HopperConfig::kThreads, 1)
+    verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
+  const int row_tile = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  // The warpgroup index through a warp reduction (REDUX writes a uniform register): ptxas then
+  // knows the role branches below are warp-uniform, and the K-stage descriptor inside WG0's loop
+  // stays in uniform registers (2-3 uniform instructions per QK^T wgmma instead of ~7.5 with two
+  // R2UR), and 30 registers fewer are live (journal h18).
+  const int wg = static_cast<int>(__reduce_max_sync(0xffffffffu, static_cast<unsigned>(tid >> 7)));  // 0: math, 1: helper
+  const int warp_in_wg = (tid >> 5) & 3;
+
+  if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
+  ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_hopper_smem + SmemLayout::kSched);
+  if (!part_begin<HopperConfig>(p, blockIdx.y, sched)) return;
+  for (bool first = true;; first = false) {
+    if (tid == 0) next_segment<HopperConfig>(p, row_tile, sched);
+    // sc.seg is written, and every thread is done with the previous segment (its copies landed,
+    // its stores read their shared memory).
+    __syncthreads();
+    if (!sched.more) break;
+    const CtaWork cw = sched.seg;
+    if (!first && tid == 0) {
+      // End the previous segment's barriers (all phases complete) so run_segment can initialise them.
+      const uint32_t smem = smem_addr(g_hopper_smem);
+      for (int i = 0; i < HopperConfig::kStages; ++i) {
+        mbar_inval(smem + SmemLayout::kKFull + 8 * i);
+        mbar_inval(smem + SmemLayout::kKEmpty + 8 * i);
+      }
+      mbar_inval(smem + SmemLayout::kQFull);
+    }
+    run_segment<kFold>(p, q_map, q_tma, cw, row_tile, tid, lane, wg, warp_in_wg);
   }
 }
 

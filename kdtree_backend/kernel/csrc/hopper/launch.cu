@@ -103,7 +103,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   int row_tiles = 0;
   int rc = g_kernels.prepare(p, HopperConfig::kM, row_tiles, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  const dim3 grid(row_tiles, p.num_splits, p.batch);
+  const dim3 grid(row_tiles, p.num_splits);  // (row tiles, parts): common/schedule.cuh
   CUtensorMap q_map;
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;

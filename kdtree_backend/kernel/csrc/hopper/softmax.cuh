@@ -24,9 +24,9 @@ struct SoftmaxState {
 // (nb * 2 + (e & 1)) of bits[rr]: loaded in the prologue, where the mask's two dependent round
 // trips (mask_indptr, then the bytes) hide behind the Q tile, instead of after the draft tile's
 // QK^T, where nothing else runs (journal h11).
-__device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int prefix, int n, int row0,
+__device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int b, int prefix, int n, int row0,
                                                       int lane, uint32_t (&bits)[2]) {
-  const uint8_t* mask = request_mask(p, blockIdx.z);
+  const uint8_t* mask = request_mask(p, b);
   const int col_lane = 2 * (lane & 3);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -45,7 +45,7 @@ __device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& 
 // (h13): the scale is applied later, inside the exp2's FFMA (softmax_exp_range<true>), so this only masks.
 template <bool kFold>
 __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerifyParams& p, bool is_prefix,
-                                               float scale, int key_base, int prefix, int n, int row0, int lane,
+                                               float scale, int key_base, int b, int prefix, int n, int row0, int lane,
                                                const uint32_t (&first_bits)[2]) {
   const int col_lane = 2 * (lane & 3);
   if (is_prefix) {
@@ -72,7 +72,7 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
                                                                         : -CUDART_INF_F;
     return;
   }
-  const uint8_t* mask = request_mask(p, blockIdx.z);
+  const uint8_t* mask = request_mask(p, b);
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);

@@ -6,6 +6,7 @@
 
 #include "../common/mla.h"
 #include "../common/ptx.cuh"
+#include "../common/request.cuh"
 
 namespace kdtree {
 namespace hopper {
@@ -14,7 +15,6 @@ struct HopperConfig {
   static constexpr int kM = 64;        // query rows per CTA (one wgmma M)
   static constexpr int kBN = 64;       // keys per tile
   static constexpr int kThreads = 256;
-  static constexpr bool kAutoSplitLength = true;  // the Hopper plan leaves the split length to the device (h29)
   static constexpr int kAtomBytes = 64 * 128;              // 64 rows x 64 bf16 columns
   static constexpr int kAtoms = kQkDim / 64;               // 9 column atoms per 576-wide block
   static constexpr int kBlockBytes = kAtoms * kAtomBytes;  // 73,728
@@ -35,6 +35,7 @@ struct SharedStorage {
   uint64_t k_full[HopperConfig::kStages];   // mbarriers: K stage landed (WG1's cp.async, 128 arrivals)
   uint64_t k_empty[HopperConfig::kStages];  // mbarriers: K stage consumed (WG0's PV done, 128 arrivals)
   uint64_t q_full;                          // mbarrier: Q landed (TMA, h23)
+  ScheduleScratch sched;                    // the part schedule's start (common/request.cuh)
 };
 
 // Byte offsets of SharedStorage's members from g_hopper_smem, and its size.
@@ -48,10 +49,11 @@ struct SmemLayout {
   static constexpr int kKFull = static_cast<int>(offsetof(SharedStorage, k_full));    // + 8 * stage
   static constexpr int kKEmpty = static_cast<int>(offsetof(SharedStorage, k_empty));  // + 8 * stage
   static constexpr int kQFull = static_cast<int>(offsetof(SharedStorage, q_full));
+  static constexpr int kSched = static_cast<int>(offsetof(SharedStorage, sched));
   static constexpr int kBytes = static_cast<int>(sizeof(SharedStorage));
 };
-static_assert(SmemLayout::kBytes == 230184 && SmemLayout::kBytes <= 232448,
-              "the Hopper kernel takes 230,184 B of the H100/H200's 227 KB per block");
+static_assert(SmemLayout::kBytes == 230720 && SmemLayout::kBytes <= 232448,
+              "the Hopper kernel takes 230,720 B of the H100/H200's 227 KB per block");
 static_assert(SmemLayout::kQ % 1024 == 0 && SmemLayout::kK % 1024 == 0 && SmemLayout::kP % 1024 == 0,
               "128-byte swizzle atoms must start on 1024-byte boundaries");
 

@@ -175,7 +175,7 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
       }
   } else {
     // Draft tiles are a few per request: fetch the mask block start here.
-    const uint8_t* mask = request_mask(p, blockIdx.z);
+    const uint8_t* mask = request_mask(p, ld_shared_s32(smem_addr(g_smem) + SmemLayout<Cfg>::kSegB));
     const int heads = p.num_heads;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -252,7 +252,7 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
 
 template <class Cfg, int kH>
 __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const KdtreeVerifyParams& p,
-                                              const RequestView& req, int b, int split, int row_tile,
+                                              const RequestView& req, int slot, int row_tile,
                                               int num_row_tiles, int g, int lane, bool direct) {
   const int H = p.num_heads;
   const int rows = req.n * H;
@@ -274,36 +274,28 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
             pack_bf16x2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
       }
     } else {
-      const int64_t ws_row =
-          (static_cast<int64_t>(b) * p.num_splits + split) * (num_row_tiles * Cfg::kM) + r;
-      float* ws_o = reinterpret_cast<float*>(p.workspace) + ws_row * kVDim + col0;
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM);
+      const int64_t ws_row = static_cast<int64_t>(slot) * ws.rows_per_slot + r;
+      float* ws_o = ws.o + ws_row * kVDim + col0;
 #pragma unroll
       for (int f = 0; f < Cfg::kVTiles; ++f) {
         *reinterpret_cast<float2*>(ws_o + f * 8) = make_float2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
       }
       if (kH == 0 && (lane & 3) == 0) {
-        const int64_t lse_base = static_cast<int64_t>(p.batch) * p.num_splits * num_row_tiles * Cfg::kM * kVDim;
-        reinterpret_cast<float*>(p.workspace)[lse_base + ws_row] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
+        ws.lse[ws_row] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
       }
     }
   }
 }
 
+// One segment of the CTA's part (common/schedule.cuh): row tile `row_tile` of request cw.b over its
+// key tiles [t_begin, t_end). It ends with its copies landed and its output stored; the caller syncs
+// before the next segment reuses shared memory.
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(const KdtreeVerifyParams p) {
-  const int row_tile = blockIdx.x;
-  const int split = blockIdx.y;
-  const int b = blockIdx.z;
-  const int tid = threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5;
-  const int g = warp % Cfg::kRG;
-  const int h = warp / Cfg::kRG;
-
-  CtaWork cw;
-  if (!cta_work<Cfg>(p, b, row_tile, split, cw)) return;
+__device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const CtaWork& cw, const int row_tile,
+                                            const int tid, const int lane, const int g, const int h) {
   const RequestView& req = cw.req;
-  const SplitWork& w = cw.w;
+  const KeyTiles& w = cw.w;
   const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
 
   const uint32_t stage_base = smem_addr(g_smem);
@@ -345,7 +337,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
       const int c = tid % kTpr + kTpr * u;
       cp_async_16(stage_base + row_offset(row, c), src + c * 8, valid);
     }
-    if (tid == 0) *reinterpret_cast<int64_t*>(g_smem + SmemLayout<Cfg>::kKv0) = req.kv0;
+    if (tid == 0) {
+      *reinterpret_cast<int64_t*>(g_smem + SmemLayout<Cfg>::kKv0) = req.kv0;
+      *reinterpret_cast<int64_t*>(g_smem + SmemLayout<Cfg>::kSegQ0) = req.q0;
+      *reinterpret_cast<int*>(g_smem + SmemLayout<Cfg>::kSegB) = cw.b;
+      *reinterpret_cast<int*>(g_smem + SmemLayout<Cfg>::kSegSlot) = cw.slot;
+      *reinterpret_cast<int*>(g_smem + SmemLayout<Cfg>::kSegDirect) = cw.direct ? 1 : 0;
+    }
     __syncthreads();
     stage_slot(t_begin);
     stage_slot(t_begin + 1);
@@ -382,7 +380,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
     } else {
       const int c = (tile - w.prefix_tiles) * Cfg::kBN + my_key;
       valid = c < req.n;
-      src = kd + (req.q0 + (valid ? c : 0)) * p.k_stride_tok;
+      src = kd + (ld_shared_s64(stage_base + SmemLayout<Cfg>::kSegQ0) + (valid ? c : 0)) * p.k_stride_tok;
     }
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u) {
@@ -426,16 +424,41 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   }
   cp_async_wait<0>();
 
-  const bool direct = w.active == 1;
+  const bool direct = ld_shared_s32(stage_base + SmemLayout<Cfg>::kSegDirect) != 0;
+  const int slot = ld_shared_s32(stage_base + SmemLayout<Cfg>::kSegSlot);
+  RequestView req_out = req;  // q0 back from shared memory: not held in registers over the tile loop
+  req_out.q0 = ld_shared_s64(stage_base + SmemLayout<Cfg>::kSegQ0);
   const int num_row_tiles = gridDim.x;
   if (h == 0) {
-    store_results<Cfg, 0>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
+    store_results<Cfg, 0>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
   } else if constexpr (Cfg::kCS > 1) {
-    if (h == 1) store_results<Cfg, 1>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
+    if (h == 1) store_results<Cfg, 1>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
     if constexpr (Cfg::kCS > 2) {
-      if (h == 2) store_results<Cfg, 2>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
-      if (h == 3) store_results<Cfg, 3>(st, p, req, b, split, row_tile, num_row_tiles, g, lane, direct);
+      if (h == 2) store_results<Cfg, 2>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
+      if (h == 3) store_results<Cfg, 3>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
     }
+  }
+}
+
+// Grid: (row tiles, parts). CTA (row_tile, part) runs the part's segments one after another (s1).
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(const KdtreeVerifyParams p) {
+  const int row_tile = blockIdx.x;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = warp % Cfg::kRG;
+  const int h = warp / Cfg::kRG;
+  ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + SmemLayout<Cfg>::kSched);
+  if (!part_begin<Cfg>(p, blockIdx.y, sched)) return;
+  for (;;) {
+    if (tid == 0) next_segment<Cfg>(p, row_tile, sched);
+    // sc.seg is written, and every thread is done with the previous segment (its copies landed,
+    // its stores read their shared memory).
+    __syncthreads();
+    if (!sched.more) break;
+    const CtaWork cw = sched.seg;
+    run_segment<Cfg>(p, cw, row_tile, tid, lane, g, h);
   }
 }
 

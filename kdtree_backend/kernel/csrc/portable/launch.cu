@@ -29,7 +29,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   int row_tiles = 0;
   int rc = g_kernels.prepare(p, Cfg::kM, row_tiles, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  const dim3 grid(row_tiles, p.num_splits, p.batch);
+  const dim3 grid(row_tiles, p.num_splits);  // (row tiles, parts): common/schedule.cuh
   verify_attention_kernel<Cfg><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "../common/mla.h"
+#include "../common/request.cuh"
 #include "mma.cuh"
 
 namespace kdtree {
@@ -22,9 +23,6 @@ struct VerifyConfig {
   static constexpr int kWarps = RG * CS;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kM = RG * 16;  // query rows per CTA
-  // The portable plan always gives a split length (64 keys); the device-chosen length (h29) is the
-  // Hopper kernel's, and its code stays out of this kernel (sm_120 has no register to spare).
-  static constexpr bool kAutoSplitLength = false;
   static constexpr int kQkSlice = kQkDim / CS;    // depth per warp
   static constexpr int kKSteps = kQkSlice / 16;   // mma k-steps per warp for QK^T
   static constexpr int kVSlice = kVDim / CS;      // output columns per warp
@@ -55,8 +53,16 @@ struct SharedStorage {
   float exchange[Cfg::kExchangeFloats];
   // The slot ids of the next two tiles, staged by cp.async with the K rows (entry (tile - t_begin) & 1).
   int64_t slot_ring[2][Cfg::kBN];
-  // The request's first kv_indices entry (a register holding it across the tile loop spilled on sm_120).
+  // The segment's values that the tile loop does not need in registers (holding them there spilled
+  // on sm_120): the request's first kv_indices entry, the request (its draft mask), and where the
+  // output goes (common/request.cuh, CtaWork).
   alignas(16) int64_t kv0;
+  int64_t seg_q0;  // the request's first query token
+  int seg_b;
+  int seg_slot;
+  int seg_direct;
+  // The part schedule's start (common/request.cuh).
+  ScheduleScratch sched;
 };
 
 // Byte offsets of SharedStorage<Cfg>'s members from g_smem, and its size.
@@ -65,17 +71,23 @@ struct SmemLayout {
   static constexpr int kExchange = static_cast<int>(offsetof(SharedStorage<Cfg>, exchange));
   static constexpr int kSlotRing = static_cast<int>(offsetof(SharedStorage<Cfg>, slot_ring));
   static constexpr int kKv0 = static_cast<int>(offsetof(SharedStorage<Cfg>, kv0));
+  static constexpr int kSegQ0 = static_cast<int>(offsetof(SharedStorage<Cfg>, seg_q0));
+  static constexpr int kSegB = static_cast<int>(offsetof(SharedStorage<Cfg>, seg_b));
+  static constexpr int kSegSlot = static_cast<int>(offsetof(SharedStorage<Cfg>, seg_slot));
+  static constexpr int kSegDirect = static_cast<int>(offsetof(SharedStorage<Cfg>, seg_direct));
+  static constexpr int kSched = static_cast<int>(offsetof(SharedStorage<Cfg>, sched));
   static constexpr int kBytes = static_cast<int>(sizeof(SharedStorage<Cfg>));
 };
 
 // The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
 // select. 64 query rows x 32-key tiles, double-buffered: 2 x 37,376 B of K tiles + 16,384 B of
-// score exchange + 512 B of staged slot ids + 16 B for kv0 = 91,664 B of shared memory. ptxas:
+// score exchange + 512 B of staged slot ids + 32 B of segment values + 536 B of schedule state = 92,224 B of
+// shared memory. ptxas:
 // 0 spills on sm_120; on sm_90 8 B (journal: 25-35% faster than 16-key tiles on the H200, which
 // spill nothing).
 using PortableConfig = VerifyConfig<4, 2, 32, 2>;
 constexpr int kSm120MaxSmemPerBlock = 101376;
-static_assert(SmemLayout<PortableConfig>::kBytes == 91664, "the portable kernel's shared memory is 91,664 B");
+static_assert(SmemLayout<PortableConfig>::kBytes == 92224, "the portable kernel's shared memory is 92,224 B");
 static_assert(SmemLayout<PortableConfig>::kBytes <= kSm120MaxSmemPerBlock,
               "the portable configuration must fit sm_120's 99 KB of shared memory per block");
 

@@ -1,0 +1,113 @@
+// The batch-wide part schedule (journal s1): how the key tiles of ALL requests of a launch are cut
+// into `parts` near-equal ranges, one range per CTA of each row tile, so every CTA of a row tile has
+// the same amount of work whatever the batch size and the prefixes. Shared by the portable and
+// Hopper kernels and the split combine; the arithmetic is host and device code (no CUDA call), so
+// tests/kernel/test_schedule_cpu.py checks it on the host.
+//
+// The cost axis: request b occupies [C_b, C_b + cost_b), cost_b = kOverheadTiles + its key tiles
+// (prefix tiles, then draft tiles; 0 for a request without drafts), C_b the sum of the earlier
+// requests' costs. The overhead charges each request's start (Q load, pipeline fill, epilogue) in
+// tile units, so a part that touches many short requests gets fewer tiles. Part p owns
+// [p * len, (p + 1) * len), len = max(ceil(total / parts), min_len): the tiles of request b whose
+// cost positions C_b + kOverheadTiles + t fall in it. A CTA walks its part's requests in order, one
+// segment (a contiguous tile range of one request) at a time.
+//
+// Outputs: a segment holding all of its request's tiles writes `out` directly. Otherwise the
+// request is cut into pieces (one per part it touches) written as fp32 partials with their log2-sum-
+// exp, merged by the combine. A part holds at most two pieces: the end of a request begun in an
+// earlier part (a "head" piece, slot 2p) and the start of one that continues past it (slot 2p + 1);
+// a request's pieces are therefore in slots 2f + 1, 2(f + 1), ..., 2l for its parts f..l. The CTA of
+// row tile 0 that holds a request's first tile records (f, pieces) for the combine.
+#pragma once
+#include <stdint.h>
+#include <vector_types.h>  // int2
+
+#include "../kdtree_api.h"
+#include "split_rule.cuh"
+
+namespace kdtree {
+
+// A request's start in tiles of work (FlashMLA's scheduler charges 5 blocks of 64 keys).
+constexpr int kOverheadTiles = 4;
+
+// Key tiles of a request of `prefix` committed keys and `n` drafts (0 without drafts: no rows).
+__host__ __device__ __forceinline__ int request_key_tiles(int64_t prefix, int64_t n, int bn) {
+  if (n <= 0) return 0;
+  return static_cast<int>((prefix + bn - 1) / bn + (n + bn - 1) / bn);
+}
+
+__host__ __device__ __forceinline__ int64_t request_cost(int key_tiles) {
+  return key_tiles > 0 ? key_tiles + kOverheadTiles : 0;
+}
+
+// The smallest part in tiles: min_keys / bn (at least 1), or, for min_keys == 0 (the Hopper plan),
+// the split length h29 measured best for the batch's longest request: round(sqrt(tiles) / 3).
+__host__ __device__ __forceinline__ int min_part_tiles(int min_keys, int bn, int max_key_tiles) {
+  if (min_keys > 0) {
+    const int t = min_keys / bn;
+    return t < 1 ? 1 : t;
+  }
+  return auto_split_tiles(max_key_tiles < 1 ? 1 : max_key_tiles);
+}
+
+__host__ __device__ __forceinline__ int64_t part_length(int64_t total, int parts, int min_tiles) {
+  int64_t len = (total + parts - 1) / parts;
+  if (len < min_tiles) len = min_tiles;
+  return len < 1 ? 1 : len;
+}
+
+// The part that holds cost position x.
+__host__ __device__ __forceinline__ int part_of(int64_t x, int64_t len) { return static_cast<int>(x / len); }
+
+// Request b's tiles in the part [lo, hi) of the cost axis, given its start c_b and its key tiles.
+struct Piece {
+  int t_begin, t_end;  // empty when t_begin >= t_end
+  bool head;           // tiles before t_begin belong to earlier parts
+  bool tail;           // tiles from t_end on belong to later parts
+};
+
+__host__ __device__ __forceinline__ Piece piece_in_part(int64_t c_b, int key_tiles, int64_t lo, int64_t hi) {
+  const int64_t first = c_b + kOverheadTiles;  // cost position of tile 0
+  int64_t b0 = lo - first, b1 = hi - first;
+  b0 = b0 < 0 ? 0 : b0;
+  b1 = b1 > key_tiles ? key_tiles : b1;
+  Piece pc;
+  pc.t_begin = static_cast<int>(b0 > key_tiles ? key_tiles : b0);
+  pc.t_end = static_cast<int>(b1 < 0 ? 0 : b1);
+  pc.head = pc.t_begin > 0;
+  pc.tail = pc.t_end < key_tiles;
+  return pc;
+}
+
+// The workspace slot of a piece of part `part` (head pieces 2p, the others 2p + 1), and of piece s
+// of a request whose first part is f (the combine's view of the same rule).
+__host__ __device__ __forceinline__ int piece_slot(int part, bool head) { return 2 * part + (head ? 0 : 1); }
+__host__ __device__ __forceinline__ int request_piece_slot(int first_part, int s) {
+  return s == 0 ? 2 * first_part + 1 : 2 * (first_part + s);
+}
+
+// The split workspace of a plan with `parts` parts, for row tiles of rows_per_tile rows:
+//   partial rows  [2 * parts slots][row_tiles * rows_per_tile][kVDim] fp32
+//   lse           [2 * parts slots][row_tiles * rows_per_tile]        fp32 (log2-sum-exp)
+//   request info  [batch] int2: (first part, pieces), written for every request with drafts
+inline int64_t schedule_rows_per_slot(int row_tiles, int rows_per_tile) {
+  return static_cast<int64_t>(row_tiles) * rows_per_tile;
+}
+
+struct WorkspaceView {
+  float* o;       // partial rows
+  float* lse;     // their log2-sum-exp
+  int2* request;  // per request: (first part, pieces)
+  int64_t rows_per_slot;
+};
+
+__host__ __device__ __forceinline__ WorkspaceView workspace_view(void* ws, int parts, int row_tiles, int rows_per_tile) {
+  WorkspaceView v;
+  v.rows_per_slot = static_cast<int64_t>(row_tiles) * rows_per_tile;
+  v.o = reinterpret_cast<float*>(ws);
+  v.lse = v.o + 2 * static_cast<int64_t>(parts) * v.rows_per_slot * kVDim;
+  v.request = reinterpret_cast<int2*>(v.lse + 2 * static_cast<int64_t>(parts) * v.rows_per_slot);
+  return v;
+}
+
+}  // namespace kdtree
