@@ -276,6 +276,25 @@ def test_split_combine_layouts(ops, monkeypatch, splits):
         _check_against_reference(batch, out, what=f"op with {splits} splits")
 
 
+@pytest.mark.parametrize("parts", [3, 7] if SMALL else [3, 7, 29, 128])
+def test_parts_span_many_requests(ops, monkeypatch, parts):
+    """s1: the batch-wide part schedule (common/schedule.cuh) with parts that hold several requests
+    each, requests cut over several parts (their pieces merged by the combine), requests shorter than
+    a start's charge, ragged drafts (row tiles the short requests lack: those CTAs skip them) and
+    empty prefixes, at forced part counts with one-tile smallest parts; compared with float64."""
+    rng = random.Random(500 + parts)
+    B = 12 if SMALL else 40
+    prefixes = [rng.choice([0, 1, 5, 63, 64, 65, rng.randrange(0, 2500 if SMALL else 9000)]) for _ in range(B)]
+    drafts = [rng.choice([1, 3, 16, 33, 64, 65, 130]) for _ in range(B)]
+    with _forced_splits(ops, monkeypatch, parts):
+        batch = make_verify_batch(prefixes, num_heads=8, draft_lens=drafts, mask="tree", mask_dtype=U8,
+                                  qo_indptr_dtype=I64, seed=900 + parts, device=DEV, index_garbage=GARBAGE)
+        out = _run(ops, batch)
+        plan = next(iter(ops._plans.values()))
+        assert plan.c_plan.num_splits == parts
+        _check_against_reference(batch, out, what=f"op with {parts} parts over {B} requests")
+
+
 @pytest.mark.parametrize("heads,out_rows", [(16, "aligned"), (3, "aligned"), (8, "8-byte")])
 def test_two_split_merge(ops, monkeypatch, heads, out_rows):
     """A 2-split plan (the grid's B32 H8 n16 and B8 H8 n64 shapes plan 2): requests with both

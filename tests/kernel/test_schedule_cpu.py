@@ -41,8 +41,26 @@ int main() {
       c[b + 1] = c[b] + request_cost(kt);
     }
     const long long total = c[B];
-    const long long len = part_length(total, parts, min_part_tiles(min_keys, bn, max_tiles));
-    std::printf("batch %lld %lld\n", total, len);
+    const int min_tiles = min_part_tiles(min_keys, bn, max_tiles);
+    const long long len = part_length(total, parts, min_tiles);
+    const bool aligned = use_aligned(parts, B, total, max_tiles, min_tiles, bn);
+    std::printf("batch %lld %lld %d\n", total, len, aligned ? parts / B : 0);
+    if (aligned) {  // part p: piece p %% s of request p / s (common/request.cuh, next_segment)
+      const int s = parts / B;
+      for (int part = 0; part < parts && part / s < B; ++part) {
+        const int b = part / s, j = part % s;
+        const int kt = request_key_tiles(prefix[b], n[b], bn);
+        if (kt == 0) continue;
+        int pieces;
+        const Piece pc = aligned_piece(kt, s, j, min_tiles, pieces);
+        if (pc.t_begin >= pc.t_end) continue;
+        if (j == 0) std::printf("info %d %d %d\n", b, part, pieces);
+        std::printf("piece %d %d %d %d %d %d %d\n", part, b, pc.t_begin, pc.t_end, pc.head, pc.tail,
+                    piece_slot(part, pc.head));
+      }
+      std::printf("slots 1 2 4 3 4 6 5 6 8\n");
+      continue;
+    }
     for (int part = 0; part < parts; ++part) {
       const long long lo = part * len;
       if (lo >= total) continue;
@@ -120,9 +138,10 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
     out = subprocess.run([str(program)], input=stdin, capture_output=True, text=True, timeout=120, check=True).stdout
     blocks = out.split("batch ")[1:]
     assert len(blocks) == len(batches)
+    modes = set()
     for (parts, min_keys, bn, reqs), block in zip(batches, blocks):
         lines = block.strip().split("\n")
-        total, length = map(int, lines[0].split())
+        total, length, aligned = map(int, lines[0].split())
         pieces, info = [], {}
         for line in lines[1:]:
             w = line.split()
@@ -136,6 +155,7 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
                 assert list(map(int, w[1:])) == [1, 2, 4, 3, 4, 6, 5, 6, 8]
         ctx = (parts, min_keys, bn, len(reqs))
         assert length * parts >= total, ctx
+        modes.add(aligned > 0)
         used = {p for p, *_ in pieces}
         assert all(0 <= p < parts for p in used), ctx
         work = {}
@@ -160,9 +180,16 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
         split = [(p, slot) for p, b, t0, t1, head, tail, slot in pieces if head or tail]
         assert len({slot for _, slot in split}) == len(split), (ctx, "two pieces share a slot")
         assert all(slot < 2 * parts for _, slot in split)
-        assert all(w <= length + 4 for w in work.values()), (ctx, work, length)  # a start's overhead may spill in
+        if aligned:  # one piece a part, pieces of ceil(tiles / k) tiles
+            assert len(used) == len(pieces), ctx
+            for b, (n, prefix) in enumerate(reqs):
+                if b in info:
+                    assert info[b][0] == b * aligned and info[b][1] <= aligned, (ctx, b)
+        else:
+            assert all(w <= length + 4 for w in work.values()), (ctx, work, length)  # a start's overhead may spill in
         if parts == 1:
             assert all(not head and not tail for _, _, _, _, head, tail, _ in pieces)
+    assert modes == {True, False}, "the batches reach both modes"
 
 
 def test_split_length_rule_and_the_plans_part_count(program):
@@ -174,15 +201,9 @@ def test_split_length_rule_and_the_plans_part_count(program):
     assert dict(autos)[129] == 4 and dict(autos)[513] == 8 and dict(autos)[17] == 1
     parts = {(s, rt): p for s, rt, p in (tuple(map(int, line.split()[1:])) for line in out.split("\n") if line.startswith("parts "))}
     for (sms, rt), p in parts.items():
-        assert 1 <= p <= 128
-        waves = -(-rt * p // sms)
-        util = rt * p / (sms * waves)
-        one_wave = max(1, min(128, sms // rt)) if rt <= sms else 1
-        # never worse than the one-wave count by more than its extra waves' charge
-        w1 = -(-rt * one_wave // sms)
-        assert util - 0.04 * (waves - -(-rt // sms)) >= rt * one_wave / (sms * w1) - 0.04 * (w1 - -(-rt // sms)) - 1e-9
+        waves = -(-rt // sms)  # the fewest waves row tiles alone need
+        assert p == max(1, min(128, waves * sms // rt)), (sms, rt, p)  # as many parts as fill them
     assert parts[(132, 9)] == 14    # B8 H8 n65: one wave of 126 CTAs
+    assert parts[(132, 17)] == 7    # one wave of 119 (s1: 2 waves of 255 measured 35% slower at B = 1)
     assert parts[(132, 1)] == 128   # the kMaxSplits bound
-    assert parts[(132, 17)] == 15   # two waves of 255 of 264 beat one of 119 of 132
-    assert parts[(132, 300)] == 2   # 5 waves of 600 of 660 beat 3 of 300 of 396
-    assert parts[(132, 67)] == 7    # one wave would leave 65 SMs idle
+    assert parts[(132, 133)] == 1 and parts[(188, 9)] == 20

@@ -40,7 +40,7 @@ struct CombineLayout {
 };
 using CombineWholeRows = CombineLayout<kVDim>;
 using CombineQuarterRows = CombineLayout<128>;
-// From this many planned splits on, the quarter layout runs (measured: 33 and 66 splits gain,
+// From this many pieces a request on, the quarter layout runs (measured: 33 and 66 splits gain,
 // 16 is even, 8 and fewer lose).
 constexpr int kCombineQuarterMinSplits = 17;
 
@@ -61,12 +61,14 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
     pdl_wait_primary();
   }
   const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM);
+  // With the request's indices (one round trip): the record is in bounds for every b < batch.
+  const int2 info = ws.request[b];  // (first part, pieces): written by this launch's main kernel
   if constexpr (!kPdl) req = load_request(p, b);
   const int H = p.num_heads;
   if (r >= req.n * H) return;
-  const int2 info = ws.request[b];  // (first part, pieces): written by this launch's main kernel
-  const int pieces = min(info.y, p.num_splits);
+  const int pieces = info.y;
   if (pieces <= 1) return;
+  if (info.x < 0 || info.x + pieces > p.num_splits) __trap();  // the main kernel wrote no such record
   // Piece s of the request is in slot 2 f + 1 (s = 0) or 2 (f + s): base + (s == 0 ? 1 : 2 s) slots.
   const int64_t base_row = 2 * static_cast<int64_t>(info.x) * ws.rows_per_slot + r;
   const int64_t split_stride4 = ws.rows_per_slot * (kVDim / 4);

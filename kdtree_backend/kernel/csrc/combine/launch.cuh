@@ -29,17 +29,20 @@ inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_ti
 }
 
 // Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows (both
-// launchers), in the layout the planned split count picks; returns the launch's error.
-// kPdl: plans of up to kCombinePdlMaxSplits splits launch the merge as a programmatic dependent of
-// the main kernel, which must trigger it (h39b). Measured against ordinary launches (journal h39,
+// launchers), in the layout the expected pieces a request pick (the plan's parts over the batch:
+// ceil(parts / batch); the layouts were measured by split count, when every request had the plan's
+// count); returns the launch's error.
+// kPdl: up to kCombinePdlMaxSplits pieces a request, the merge is launched as a programmatic dependent
+// of the main kernel, which must trigger it (h39b). Measured against ordinary launches (journal h39,
 // h39b): 2 and 4 splits 2-5.5% faster end to end; 8 splits 2-9% slower, and the quarter rows (B = 1
 // plans of 17-128 splits) ~2% slower: there the device-side wait costs more than the kernel boundary.
 constexpr int kCombinePdlMaxSplits = 4;
 template <class Cfg, bool kPdl = false>
 inline cudaError_t launch_combine(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
-  if (p.num_splits >= kCombineQuarterMinSplits) return launch_combine_layout<Cfg, CombineQuarterRows, false>(p, row_tiles, stream);
+  const int pieces = (p.num_splits + p.batch - 1) / p.batch;
+  if (pieces >= kCombineQuarterMinSplits) return launch_combine_layout<Cfg, CombineQuarterRows, false>(p, row_tiles, stream);
   if constexpr (kPdl) {
-    if (p.num_splits <= kCombinePdlMaxSplits) return launch_combine_layout<Cfg, CombineWholeRows, true>(p, row_tiles, stream);
+    if (pieces <= kCombinePdlMaxSplits) return launch_combine_layout<Cfg, CombineWholeRows, true>(p, row_tiles, stream);
   }
   return launch_combine_layout<Cfg, CombineWholeRows, false>(p, row_tiles, stream);
 }

@@ -33,6 +33,13 @@ __device__ __forceinline__ int ld_shared_s32(uint32_t addr) {
   asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
+// gridDim.x, read where it is used (volatile: not hoisted into a register held across a loop, which
+// ptxas spilled in the portable kernel rather than re-reading the constant).
+__device__ __forceinline__ int grid_dim_x() {
+  int v;
+  asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(v));
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

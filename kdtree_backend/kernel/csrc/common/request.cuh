@@ -73,6 +73,8 @@ struct ScheduleScratch {
   int part;
   int next_b;              // the next request to look at
   int has_first;           // first_index holds request next_b's index entries (the first request only)
+  int aligned;             // 0: the cut over the cost axis; s >= 1: the aligned mode, s parts a request
+  int min_tiles;           // the smallest part
   int more;                // next_segment found a segment: it is `seg`
   CtaWork seg;             // the segment every thread runs next (written by thread 0)
 };
@@ -93,10 +95,17 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   const int b_hi = min(p.batch, b_lo + per);
   int64_t sum = 0;
   int max_tiles = 0;
+  int64_t idx0[4] = {0, 0, 0, 0};  // this chunk's first request's index entries
   if (b_lo < b_hi) {
     int64_t q_prev = load_index(p.qo_indptr, b_lo, qo64), k_prev = load_index(p.kv_indptr, b_lo, kv64);
     for (int b = b_lo; b < b_hi; ++b) {
       const int64_t q_next = load_index(p.qo_indptr, b + 1, qo64), k_next = load_index(p.kv_indptr, b + 1, kv64);
+      if (b == b_lo) {
+        idx0[0] = q_prev;
+        idx0[1] = q_next;
+        idx0[2] = k_prev;
+        idx0[3] = k_next;
+      }
       const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
       const int kt = request_key_tiles(r.prefix, r.n, Cfg::kBN);
       sum += request_cost(kt);
@@ -126,10 +135,38 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
     total += c;
     batch_max_tiles = max(batch_max_tiles, sc.warp_max_tiles[w]);
   }
-  const int64_t len = part_length(total, p.num_splits, min_part_tiles(p.min_keys_per_split, Cfg::kBN, batch_max_tiles));
+  const int min_tiles = min_part_tiles(p.min_keys_per_split, Cfg::kBN, batch_max_tiles);
+  if (use_aligned(p.num_splits, p.batch, total, batch_max_tiles, min_tiles, Cfg::kBN)) {
+    // The aligned mode: this part is piece `part % s` of request `part / s` (the same on every thread).
+    const int s = p.num_splits / p.batch;
+    const int b = part / s;
+    if (b >= p.batch) return false;
+    if (tid == 0) {
+      sc.aligned = s;
+      sc.min_tiles = min_tiles;
+      sc.part = part;
+      sc.next_b = b;
+      sc.has_first = 1;
+    }
+    if (b_lo <= b && b < b_hi) {  // the thread that read request b's entries
+      if (b == b_lo) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sc.first_index[i] = idx0[i];
+      } else {
+        sc.first_index[0] = load_index(p.qo_indptr, b, qo64);
+        sc.first_index[1] = load_index(p.qo_indptr, b + 1, qo64);
+        sc.first_index[2] = load_index(p.kv_indptr, b, kv64);
+        sc.first_index[3] = load_index(p.kv_indptr, b + 1, kv64);
+      }
+    }
+    __syncthreads();
+    return true;
+  }
+  const int64_t len = part_length(total, p.num_splits, min_tiles);
   const int64_t lo = static_cast<int64_t>(part) * len;
   if (lo >= total) return false;  // the same on every thread
   if (tid == 0) {
+    sc.aligned = 0;
     sc.lo = lo;
     sc.hi = min(lo + len, total);
     sc.len = len;
@@ -139,9 +176,10 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   // The one thread whose chunk holds position lo names the request there.
   if (sum > 0 && excl <= lo && lo < excl + sum) {
     int64_t c = excl;
-    int64_t q_prev = load_index(p.qo_indptr, b_lo, qo64), k_prev = load_index(p.kv_indptr, b_lo, kv64);
+    int64_t q_prev = idx0[0], k_prev = idx0[2];
     for (int b = b_lo; b < b_hi; ++b) {
-      const int64_t q_next = load_index(p.qo_indptr, b + 1, qo64), k_next = load_index(p.kv_indptr, b + 1, kv64);
+      const int64_t q_next = b == b_lo ? idx0[1] : load_index(p.qo_indptr, b + 1, qo64);
+      const int64_t k_next = b == b_lo ? idx0[3] : load_index(p.kv_indptr, b + 1, kv64);
       const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
       const int64_t cost = request_cost(request_key_tiles(r.prefix, r.n, Cfg::kBN));
       if (lo < c + cost) {
@@ -162,12 +200,56 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   return true;
 }
 
+// Thread 0 only: segment `pc` of request b (kt key tiles) in `part` into sc.seg, if the row tile has
+// rows of the request (sc.more = 1); false otherwise.
+template <class Cfg>
+__device__ __forceinline__ bool fill_segment(const KdtreeVerifyParams& p, const RequestView& req, int b, int kt,
+                                             const Piece& pc, int part, bool last, int row_tile, ScheduleScratch& sc) {
+  const int rows = req.n * p.num_heads;
+  if (row_tile * Cfg::kM >= rows) return false;
+  // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
+  // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
+  if (p.custom_mask != nullptr && static_cast<int64_t>(req.n) * (req.prefix + req.n) > 0x7fffffffLL) __trap();
+  CtaWork& cw = sc.seg;
+  cw.req = req;
+  cw.b = b;
+  cw.rows = rows;
+  cw.w.prefix_tiles = (req.prefix + Cfg::kBN - 1) / Cfg::kBN;
+  cw.w.key_tiles = kt;
+  cw.t_begin = pc.t_begin;
+  cw.t_end = pc.t_end;
+  cw.direct = !pc.head && !pc.tail;
+  cw.slot = piece_slot(part, pc.head);
+  cw.last = last;
+  sc.more = 1;
+  return true;
+}
+
 // Thread 0 only: the part's next segment that has rows in `row_tile`, from the walk's position in
 // `sc`, into sc.seg (sc.more = 0 when the part is done), and the new position. The CTA of row tile 0
 // that holds a request's first tile records (first part, pieces) for the combine. The caller syncs
 // before any thread reads sc.seg.
 template <class Cfg>
 __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int row_tile, ScheduleScratch& sc) {
+  if (sc.aligned > 0) {  // one segment: piece part % s of request part / s
+    sc.more = 0;
+    if (!sc.has_first) return;
+    sc.has_first = 0;
+    const int b = sc.next_b;
+    const RequestView req = request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2], sc.first_index[3]);
+    const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
+    if (kt == 0) return;
+    int pieces;
+    const int j = sc.part % sc.aligned;
+    const Piece pc = aligned_piece(kt, sc.aligned, j, sc.min_tiles, pieces);
+    if (pc.t_begin >= pc.t_end) return;
+    if (row_tile == 0 && j == 0 && p.num_splits > 1) {
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
+      ws.request[b] = make_int2(sc.part, pieces);
+    }
+    fill_segment<Cfg>(p, req, b, kt, pc, sc.part, true, row_tile, sc);
+    return;
+  }
   const int64_t lo = sc.lo, hi = sc.hi;
   int b = sc.next_b;
   int64_t c_b = sc.next_c;
@@ -189,24 +271,7 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int ro
       const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
       ws.request[b_this] = make_int2(sc.part, last_part - sc.part + 1);
     }
-    const int rows = req.n * p.num_heads;
-    if (row_tile * Cfg::kM >= rows) continue;
-    // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
-    // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
-    if (p.custom_mask != nullptr && static_cast<int64_t>(req.n) * (req.prefix + req.n) > 0x7fffffffLL) __trap();
-    CtaWork& cw = sc.seg;
-    cw.req = req;
-    cw.b = b_this;
-    cw.rows = rows;
-    cw.w.prefix_tiles = (req.prefix + Cfg::kBN - 1) / Cfg::kBN;
-    cw.w.key_tiles = kt;
-    cw.t_begin = pc.t_begin;
-    cw.t_end = pc.t_end;
-    cw.direct = !pc.head && !pc.tail;
-    cw.slot = piece_slot(sc.part, pc.head);
-    cw.last = !(c_b < hi && b < p.batch);
-    sc.more = 1;
-    break;
+    if (fill_segment<Cfg>(p, req, b_this, kt, pc, sc.part, !(c_b < hi && b < p.batch), row_tile, sc)) break;
   }
   sc.next_b = b;
   sc.next_c = c_b;

@@ -79,6 +79,43 @@ __host__ __device__ __forceinline__ Piece piece_in_part(int64_t c_b, int key_til
   return pc;
 }
 
+// The aligned mode (s1b): when the batch has no more requests than parts, request b may instead own
+// the s = parts / batch parts [b s, (b + 1) s) and be cut into k = min(s, ceil(tiles / smallest part))
+// pieces of ceil(tiles / k) tiles, one a part: h29's per-request split, one segment a CTA, no request
+// sharing a part. The device takes it when its longest piece (with a start's charge) is no longer
+// than the cut's part plus the charge of cutting across requests (kCutPenaltyKeys: the extra
+// segment's start and drain, the partials and their merge; ~10 µs on the H200 measured in s1):
+// uniform batches of short requests (L = 1k) and batches that fill the parts with whole requests.
+constexpr int kCutPenaltyKeys = 384;
+
+__host__ __device__ __forceinline__ int aligned_pieces(int key_tiles, int s, int min_tiles) {
+  const int k = (key_tiles + min_tiles - 1) / min_tiles;
+  return k < s ? (k < 1 ? 1 : k) : s;
+}
+
+__host__ __device__ __forceinline__ bool use_aligned(int parts, int batch, int64_t total, int max_tiles, int min_tiles,
+                                                     int bn) {
+  const int s = parts / batch;
+  if (s < 1 || max_tiles < 1) return false;
+  const int k = aligned_pieces(max_tiles, s, min_tiles);
+  int64_t longest = (max_tiles + k - 1) / k;  // a shorter request's piece is at most min_tiles
+  if (longest < min_tiles && min_tiles <= max_tiles) longest = min_tiles;
+  return longest + kOverheadTiles <= part_length(total, parts, min_tiles) + kCutPenaltyKeys / bn;
+}
+
+// Request b's piece in part `part` of the aligned mode (s parts a request).
+__host__ __device__ __forceinline__ Piece aligned_piece(int key_tiles, int s, int j, int min_tiles, int& pieces) {
+  const int k = aligned_pieces(key_tiles, s, min_tiles);
+  const int tps = (key_tiles + k - 1) / k;
+  pieces = (key_tiles + tps - 1) / tps;
+  Piece pc;
+  pc.t_begin = j * tps < key_tiles ? j * tps : key_tiles;
+  pc.t_end = pc.t_begin + tps < key_tiles ? pc.t_begin + tps : key_tiles;
+  pc.head = pc.t_begin > 0;
+  pc.tail = pc.t_end < key_tiles;
+  return pc;
+}
+
 // The workspace slot of a piece of part `part` (head pieces 2p, the others 2p + 1), and of piece s
 // of a request whose first part is f (the combine's view of the same rule).
 __host__ __device__ __forceinline__ int piece_slot(int part, bool head) { return 2 * part + (head ? 0 : 1); }

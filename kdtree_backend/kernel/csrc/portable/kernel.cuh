@@ -428,7 +428,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
   const int slot = ld_shared_s32(stage_base + SmemLayout<Cfg>::kSegSlot);
   RequestView req_out = req;  // q0 back from shared memory: not held in registers over the tile loop
   req_out.q0 = ld_shared_s64(stage_base + SmemLayout<Cfg>::kSegQ0);
-  const int num_row_tiles = gridDim.x;
+  const int num_row_tiles = grid_dim_x();
   if (h == 0) {
     store_results<Cfg, 0>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
   } else if constexpr (Cfg::kCS > 1) {

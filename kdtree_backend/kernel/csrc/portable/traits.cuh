@@ -81,7 +81,7 @@ struct SmemLayout {
 
 // The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
 // select. 64 query rows x 32-key tiles, double-buffered: 2 x 37,376 B of K tiles + 16,384 B of
-// score exchange + 512 B of staged slot ids + 32 B of segment values + 536 B of schedule state = 92,224 B of
+// score exchange + 512 B of staged slot ids + 32 B of segment values + 544 B of schedule state = 92,224 B of
 // shared memory. ptxas:
 // 0 spills on sm_120; on sm_90 8 B (journal: 25-35% faster than 16-key tiles on the H200, which
 // spill nothing).
