@@ -12,7 +12,8 @@ A step name starts a step and the words after it, up to the next step name, are 
   tests PATHS                  GPU pytest (-m gpu tests/) once per kernel path: KDTREE_KERNEL=path, the
                                kernel tests of that path and every other GPU test
   sanitize PATHS               per path: racecheck over the smoke cases (bench/diag/smoke.py --small) and
-                               the sanitizer-sized consecutive-slot tests, memcheck over the path's
+                               the sanitizer-sized consecutive-slot, part-schedule and two-piece merge
+                               tests, memcheck over the path's
                                sanitizer-sized kernel tests (KDTREE_TEST_SMALL=1)
   bench GRID PATHS [OPT ...]   bench/bench_verify.py --grid GRID --paths PATHS, its --time-limit taken from
                                the step's budget; OPTs go to bench_verify.py as they are
@@ -303,8 +304,11 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
                                                       "--small", "--no-triton"],
                     f"racecheck-{p}.log", share=0.3 / len(paths), env={"KDTREE_KERNEL": p},
                     echo=r"RACECHECK SUMMARY|smoke"),
-            Command(f"racecheck, consecutive slots ({p})", [*san, "--tool", "racecheck", *_pytest(
-                "-x", *tests, "-k", f"consecutive_slots and {p}")], f"racecheck-slots-{p}.log", share=0.3 / len(paths),
+            # s1: also the part schedule's walks (several segments a CTA, barriers re-initialised
+            # between them) and the merge of pieces
+            Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
+                "-x", *tests, "-k", f"(consecutive_slots or parts_span or two_split_merge) and {p}")],
+                f"racecheck-slots-{p}.log", share=0.3 / len(paths),
                 env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
             Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", p)],
                     f"memcheck-{p}.log", share=0.4 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),

@@ -44,6 +44,31 @@ using CombineQuarterRows = CombineLayout<128>;
 // 16 is even, 8 and fewer lose).
 constexpr int kCombineQuarterMinSplits = 17;
 
+// Piece s's slot from the request's first slot 2 f + 1: + 0 (s = 0) or 2 s - 1 (slot 2 (f + s)), in
+// units of slot - (2 f + 1) + 1 from base 2 f (common/schedule.cuh, request_piece_slot).
+__device__ __forceinline__ int piece_slot_step(int s) { return s == 0 ? 1 : 2 * s; }
+
+// The row's lse over pieces [0, limit) and the first kFirst pieces' partials, for first part f;
+// returns the row's partials' base (piece s at + piece_slot_step(s) * stride4).
+template <class Lay>
+__device__ __forceinline__ const float4* load_pieces(const WorkspaceView& ws, int r, int col0, int lane, int64_t stride4,
+                                                     int f, int limit, float4 (&first)[Lay::kFirst][Lay::kF4],
+                                                     float (&lse_l)[kMaxSplits / 32]) {
+  const int64_t base_row = 2 * static_cast<int64_t>(f) * ws.rows_per_slot + r;
+  const float4* src = reinterpret_cast<const float4*>(ws.o + base_row * kVDim + col0) + lane;
+#pragma unroll
+  for (int s = 0; s < Lay::kFirst; ++s)
+#pragma unroll
+    for (int i = 0; i < Lay::kF4; ++i)
+      first[s][i] = s < limit ? src[piece_slot_step(s) * stride4 + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) {
+    const int s = lane + 32 * k;
+    lse_l[k] = s < limit ? ws.lse[base_row + piece_slot_step(s) * ws.rows_per_slot] : -CUDART_INF_F;
+  }
+  return src;
+}
+
 // kPdl (h39, the Hopper path): launched as a programmatic dependent of the verify kernel, whose
 // CTAs trigger it at their epilogue: the blocks start while the verify kernel's last CTAs store,
 // load the request's indices (inputs, which that kernel does not write), and wait for it to
@@ -61,34 +86,37 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
     pdl_wait_primary();
   }
   const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM);
-  // With the request's indices (one round trip): the record is in bounds for every b < batch.
+  // Piece s of the request is in slot 2 f + 1 (s = 0) or 2 (f + s) for its first part f, which the
+  // main kernel records. One L2 round trip (h38, h38b) for that record, the request's indices, the
+  // row's lse over the pieces and the first kFirst pieces' partials (the weights only scale them), at
+  // the first part the aligned mode gives the request (b * (parts / batch); 0 for a batch of one in
+  // either mode); a second one only when the record says otherwise (a cut across requests). Reads
+  // stay inside the workspace (slots of parts f_guess.. parts - 1); what a piece the request does not
+  // have holds (any bits) is discarded by selects below, never scaled.
+  // (The whole-rows layout reads the record first: the guess's registers spilled it on sm_120, and its
+  // plans are the many-row ones where one more round trip is a small share.)
+  constexpr bool kGuess = Lay::kColsPerWarp != kVDim;
+  const int f_guess = b * (p.num_splits / p.batch);
+  const int max_pieces = p.num_splits - f_guess;
+  const int64_t split_stride4 = ws.rows_per_slot * (kVDim / 4);
+  float4 first[Lay::kFirst][Lay::kF4];
+  float lse_l[kMaxSplits / 32];
   const int2 info = ws.request[b];  // (first part, pieces): written by this launch's main kernel
+  const float4* src = nullptr;
+  if constexpr (kGuess) src = load_pieces<Lay>(ws, r, col0, lane, split_stride4, f_guess, max_pieces, first, lse_l);
   if constexpr (!kPdl) req = load_request(p, b);
   const int H = p.num_heads;
   if (r >= req.n * H) return;
   const int pieces = info.y;
   if (pieces <= 1) return;
   if (info.x < 0 || info.x + pieces > p.num_splits) __trap();  // the main kernel wrote no such record
-  // Piece s of the request is in slot 2 f + 1 (s = 0) or 2 (f + s): base + (s == 0 ? 1 : 2 s) slots.
-  const int64_t base_row = 2 * static_cast<int64_t>(info.x) * ws.rows_per_slot + r;
-  const int64_t split_stride4 = ws.rows_per_slot * (kVDim / 4);
-  const float4* src = reinterpret_cast<const float4*>(ws.o + base_row * kVDim + col0) + lane;
-  auto slot_step = [](int s) { return s == 0 ? 1 : 2 * s; };
-
-  // One L2 round trip for the row's lse over the pieces and the first kFirst pieces' partials (h38,
-  // h38b): the partials do not depend on the weights, which only scale them.
-  float4 first[Lay::kFirst][Lay::kF4];
+  if (!kGuess || info.x != f_guess) src = load_pieces<Lay>(ws, r, col0, lane, split_stride4, info.x, pieces, first, lse_l);
+#pragma unroll
+  for (int k = 0; k < kMaxSplits / 32; ++k) lse_l[k] = lane + 32 * k < pieces ? lse_l[k] : -CUDART_INF_F;
 #pragma unroll
   for (int s = 0; s < Lay::kFirst; ++s)
 #pragma unroll
-    for (int i = 0; i < Lay::kF4; ++i)
-      first[s][i] = s < pieces ? src[slot_step(s) * split_stride4 + 32 * i] : make_float4(0.f, 0.f, 0.f, 0.f);
-  float lse_l[kMaxSplits / 32];
-#pragma unroll
-  for (int k = 0; k < kMaxSplits / 32; ++k) {
-    const int s = lane + 32 * k;
-    lse_l[k] = s < pieces ? ws.lse[base_row + slot_step(s) * ws.rows_per_slot] : -CUDART_INF_F;
-  }
+    for (int i = 0; i < Lay::kF4; ++i) first[s][i] = s < pieces ? first[s][i] : make_float4(0.f, 0.f, 0.f, 0.f);
 
   // The weights, in parallel over the warp's lanes (one split per lane), kept in shared memory;
   // then the first splits' partials and a branch-free accumulation of the rest, with several
@@ -132,7 +160,7 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
 #pragma unroll Lay::kUnroll
   for (int s = Lay::kFirst; s < pieces; ++s) {
     const float wt = wrow[s];
-    const float4* sp = src + slot_step(s) * split_stride4;
+    const float4* sp = src + piece_slot_step(s) * split_stride4;
 #pragma unroll
     for (int i = 0; i < Lay::kF4; ++i) {
       const float4 v = sp[32 * i];

@@ -79,12 +79,91 @@ struct ScheduleScratch {
   CtaWork seg;             // the segment every thread runs next (written by thread 0)
 };
 
-// Block-wide (every thread calls it, once): the batch's cost prefix over the requests (each thread
-// sums a contiguous chunk of requests, then a block scan), the part length, and the request that holds
-// the part's first position, all into `sc`. False: the part is empty (the batch has less work than
-// the grid); the same on every thread.
+// One thread only: segment `pc` of request b (kt key tiles) in `part` into sc.seg, if the row tile has
+// rows of the request (sc.more = 1); false otherwise.
 template <class Cfg>
-__device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part, ScheduleScratch& sc) {
+__device__ __forceinline__ bool fill_segment(const KdtreeVerifyParams& p, const RequestView& req, int b, int kt,
+                                             const Piece& pc, int part, bool last, int row_tile, ScheduleScratch& sc) {
+  const int rows = req.n * p.num_heads;
+  if (row_tile * Cfg::kM >= rows) return false;
+  // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
+  // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
+  if (p.custom_mask != nullptr && static_cast<int64_t>(req.n) * (req.prefix + req.n) > 0x7fffffffLL) __trap();
+  CtaWork& cw = sc.seg;
+  cw.req = req;
+  cw.b = b;
+  cw.rows = rows;
+  cw.w.prefix_tiles = (req.prefix + Cfg::kBN - 1) / Cfg::kBN;
+  cw.w.key_tiles = kt;
+  cw.t_begin = pc.t_begin;
+  cw.t_end = pc.t_end;
+  cw.direct = !pc.head && !pc.tail;
+  cw.slot = piece_slot(part, pc.head);
+  cw.last = last;
+  sc.more = 1;
+  return true;
+}
+
+// One thread only: the part's next segment that has rows in `row_tile`, from the walk's position in
+// `sc`, into sc.seg (sc.more = 0 when the part is done), and the new position. The CTA of row tile 0
+// that holds a request's first tile records (first part, pieces) for the combine. The caller syncs
+// before any thread reads sc.seg.
+template <class Cfg>
+__device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int row_tile, ScheduleScratch& sc) {
+  if (sc.aligned > 0) {  // one segment: piece part % s of request part / s
+    sc.more = 0;
+    if (!sc.has_first) return;
+    sc.has_first = 0;
+    const int b = sc.next_b;
+    const RequestView req = request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2], sc.first_index[3]);
+    const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
+    if (kt == 0) return;
+    int pieces;
+    const int j = sc.part % sc.aligned;
+    const Piece pc = aligned_piece(kt, sc.aligned, j, sc.min_tiles, pieces);
+    if (pc.t_begin >= pc.t_end) return;
+    if (row_tile == 0 && j == 0 && p.num_splits > 1) {
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
+      ws.request[b] = make_int2(sc.part, pieces);
+    }
+    fill_segment<Cfg>(p, req, b, kt, pc, sc.part, true, row_tile, sc);
+    return;
+  }
+  const int64_t lo = sc.lo, hi = sc.hi;
+  int b = sc.next_b;
+  int64_t c_b = sc.next_c;
+  bool has_first = sc.has_first != 0;
+  sc.more = 0;
+  for (; c_b < hi && b < p.batch; has_first = false) {
+    const RequestView req = has_first ? request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2],
+                                                     sc.first_index[3])
+                                      : load_request(p, b);
+    const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
+    const int64_t c_this = c_b;
+    const int b_this = b;
+    c_b += request_cost(kt);
+    ++b;
+    const Piece pc = piece_in_part(c_this, kt, lo, hi);
+    if (pc.t_begin >= pc.t_end) continue;
+    if (row_tile == 0 && pc.t_begin == 0 && p.num_splits > 1) {
+      const int last_part = part_of(c_this + kOverheadTiles + kt - 1, sc.len);
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
+      ws.request[b_this] = make_int2(sc.part, last_part - sc.part + 1);
+    }
+    if (fill_segment<Cfg>(p, req, b_this, kt, pc, sc.part, !(c_b < hi && b < p.batch), row_tile, sc)) break;
+  }
+  sc.next_b = b;
+  sc.next_c = c_b;
+  sc.has_first = 0;
+}
+
+// Block-wide (every thread calls it, once): the batch's cost prefix over the requests (each thread
+// sums a contiguous chunk of requests, then a block scan), the mode and the part's range, the request
+// that holds the part's first position, and the part's first segment (next_segment, by the thread
+// that read that request), all into `sc` before one __syncthreads. False: the part is empty (the
+// batch has less work than the grid); the same on every thread.
+template <class Cfg>
+__device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part, int row_tile, ScheduleScratch& sc) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int kWarps = Cfg::kThreads / 32;
   static_assert(Cfg::kThreads % 32 == 0 && kWarps <= 32, "the schedule's scan takes whole warps, at most 32");
@@ -141,14 +220,12 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
     const int s = p.num_splits / p.batch;
     const int b = part / s;
     if (b >= p.batch) return false;
-    if (tid == 0) {
+    if (b_lo <= b && b < b_hi) {  // the thread that read request b's entries
       sc.aligned = s;
       sc.min_tiles = min_tiles;
       sc.part = part;
       sc.next_b = b;
       sc.has_first = 1;
-    }
-    if (b_lo <= b && b < b_hi) {  // the thread that read request b's entries
       if (b == b_lo) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) sc.first_index[i] = idx0[i];
@@ -158,6 +235,7 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
         sc.first_index[2] = load_index(p.kv_indptr, b, kv64);
         sc.first_index[3] = load_index(p.kv_indptr, b + 1, kv64);
       }
+      next_segment<Cfg>(p, row_tile, sc);
     }
     __syncthreads();
     return true;
@@ -165,15 +243,7 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   const int64_t len = part_length(total, p.num_splits, min_tiles);
   const int64_t lo = static_cast<int64_t>(part) * len;
   if (lo >= total) return false;  // the same on every thread
-  if (tid == 0) {
-    sc.aligned = 0;
-    sc.lo = lo;
-    sc.hi = min(lo + len, total);
-    sc.len = len;
-    sc.part = part;
-    sc.has_first = 1;
-  }
-  // The one thread whose chunk holds position lo names the request there.
+  // The one thread whose chunk holds position lo names the request there and finds the first segment.
   if (sum > 0 && excl <= lo && lo < excl + sum) {
     int64_t c = excl;
     int64_t q_prev = idx0[0], k_prev = idx0[2];
@@ -183,12 +253,19 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
       const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
       const int64_t cost = request_cost(request_key_tiles(r.prefix, r.n, Cfg::kBN));
       if (lo < c + cost) {
+        sc.aligned = 0;
+        sc.lo = lo;
+        sc.hi = min(lo + len, total);
+        sc.len = len;
+        sc.part = part;
+        sc.has_first = 1;
         sc.next_b = b;
         sc.next_c = c;
         sc.first_index[0] = q_prev;
         sc.first_index[1] = q_next;
         sc.first_index[2] = k_prev;
         sc.first_index[3] = k_next;
+        next_segment<Cfg>(p, row_tile, sc);
         break;
       }
       c += cost;
@@ -198,84 +275,6 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   }
   __syncthreads();
   return true;
-}
-
-// Thread 0 only: segment `pc` of request b (kt key tiles) in `part` into sc.seg, if the row tile has
-// rows of the request (sc.more = 1); false otherwise.
-template <class Cfg>
-__device__ __forceinline__ bool fill_segment(const KdtreeVerifyParams& p, const RequestView& req, int b, int kt,
-                                             const Piece& pc, int part, bool last, int row_tile, ScheduleScratch& sc) {
-  const int rows = req.n * p.num_heads;
-  if (row_tile * Cfg::kM >= rows) return false;
-  // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
-  // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
-  if (p.custom_mask != nullptr && static_cast<int64_t>(req.n) * (req.prefix + req.n) > 0x7fffffffLL) __trap();
-  CtaWork& cw = sc.seg;
-  cw.req = req;
-  cw.b = b;
-  cw.rows = rows;
-  cw.w.prefix_tiles = (req.prefix + Cfg::kBN - 1) / Cfg::kBN;
-  cw.w.key_tiles = kt;
-  cw.t_begin = pc.t_begin;
-  cw.t_end = pc.t_end;
-  cw.direct = !pc.head && !pc.tail;
-  cw.slot = piece_slot(part, pc.head);
-  cw.last = last;
-  sc.more = 1;
-  return true;
-}
-
-// Thread 0 only: the part's next segment that has rows in `row_tile`, from the walk's position in
-// `sc`, into sc.seg (sc.more = 0 when the part is done), and the new position. The CTA of row tile 0
-// that holds a request's first tile records (first part, pieces) for the combine. The caller syncs
-// before any thread reads sc.seg.
-template <class Cfg>
-__device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int row_tile, ScheduleScratch& sc) {
-  if (sc.aligned > 0) {  // one segment: piece part % s of request part / s
-    sc.more = 0;
-    if (!sc.has_first) return;
-    sc.has_first = 0;
-    const int b = sc.next_b;
-    const RequestView req = request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2], sc.first_index[3]);
-    const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
-    if (kt == 0) return;
-    int pieces;
-    const int j = sc.part % sc.aligned;
-    const Piece pc = aligned_piece(kt, sc.aligned, j, sc.min_tiles, pieces);
-    if (pc.t_begin >= pc.t_end) return;
-    if (row_tile == 0 && j == 0 && p.num_splits > 1) {
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
-      ws.request[b] = make_int2(sc.part, pieces);
-    }
-    fill_segment<Cfg>(p, req, b, kt, pc, sc.part, true, row_tile, sc);
-    return;
-  }
-  const int64_t lo = sc.lo, hi = sc.hi;
-  int b = sc.next_b;
-  int64_t c_b = sc.next_c;
-  bool has_first = sc.has_first != 0;
-  sc.more = 0;
-  for (; c_b < hi && b < p.batch; has_first = false) {
-    const RequestView req = has_first ? request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2],
-                                                     sc.first_index[3])
-                                      : load_request(p, b);
-    const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
-    const int64_t c_this = c_b;
-    const int b_this = b;
-    c_b += request_cost(kt);
-    ++b;
-    const Piece pc = piece_in_part(c_this, kt, lo, hi);
-    if (pc.t_begin >= pc.t_end) continue;
-    if (row_tile == 0 && pc.t_begin == 0 && p.num_splits > 1) {
-      const int last_part = part_of(c_this + kOverheadTiles + kt - 1, sc.len);
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
-      ws.request[b_this] = make_int2(sc.part, last_part - sc.part + 1);
-    }
-    if (fill_segment<Cfg>(p, req, b_this, kt, pc, sc.part, !(c_b < hi && b < p.batch), row_tile, sc)) break;
-  }
-  sc.next_b = b;
-  sc.next_c = c_b;
-  sc.has_first = 0;
 }
 
 // Query row r of the request is (token r / H, head r % H). Rows past the request read row 0 and

@@ -254,12 +254,14 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_hopper_smem + SmemLayout::kSched);
-  if (!part_begin<HopperConfig>(p, blockIdx.y, sched)) return;
+  if (!part_begin<HopperConfig>(p, blockIdx.y, row_tile, sched)) return;  // its first segment found
   for (bool first = true;; first = false) {
-    if (tid == 0) next_segment<HopperConfig>(p, row_tile, sched);
-    // sc.seg is written, and every thread is done with the previous segment (its copies landed,
-    // its stores read their shared memory).
-    __syncthreads();
+    if (!first) {
+      if (tid == 0) next_segment<HopperConfig>(p, row_tile, sched);
+      // sc.seg is written, and every thread is done with the previous segment (its copies landed,
+      // its stores read their shared memory).
+      __syncthreads();
+    }
     if (!sched.more) break;
     const CtaWork cw = sched.seg;
     if (!first && tid == 0) {

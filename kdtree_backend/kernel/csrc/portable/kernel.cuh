@@ -450,12 +450,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int g = warp % Cfg::kRG;
   const int h = warp / Cfg::kRG;
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + SmemLayout<Cfg>::kSched);
-  if (!part_begin<Cfg>(p, blockIdx.y, sched)) return;
-  for (;;) {
-    if (tid == 0) next_segment<Cfg>(p, row_tile, sched);
-    // sc.seg is written, and every thread is done with the previous segment (its copies landed,
-    // its stores read their shared memory).
-    __syncthreads();
+  if (!part_begin<Cfg>(p, blockIdx.y, row_tile, sched)) return;  // its first segment found
+  for (bool first = true;; first = false) {
+    if (!first) {
+      if (tid == 0) next_segment<Cfg>(p, row_tile, sched);
+      // sc.seg is written, and every thread is done with the previous segment (its copies landed,
+      // its stores read their shared memory).
+      __syncthreads();
+    }
     if (!sched.more) break;
     const CtaWork cw = sched.seg;
     run_segment<Cfg>(p, cw, row_tile, tid, lane, g, h);
