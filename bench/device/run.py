@@ -27,7 +27,7 @@ A step name starts a step and the words after it, up to the next step name, are 
 PATHS is hopper, portable, hopper,portable (or both); hopper is dropped on a GPU that is not
 compute capability 9.0. Any step takes `lib=FILE` (KDTREE_LIB for its commands); profile takes
 `name=REGEX` (the kernel-name filter). Budgets: --budget (default 570 s) is the whole command's;
-a step without its own gets its default (setup 240, tests 150 and sanitize 210 per path, modes 150,
+a step without its own gets its default (setup 240, tests 150 and sanitize 300 per path, modes 150,
 profile 240, ab 300 s), and `bench` steps share what is left after the later steps' budgets. A
 step that cannot get 20 s is skipped and reported.
 
@@ -66,7 +66,7 @@ KERNEL_NAME_RE = {"hopper": "hopper_kernel", "portable": "verify_attention_kerne
 NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
                 "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SourceCounters")
 # step name -> (default budget in seconds, per kernel path?); None: shares what is left (bench)
-DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": (210.0, True), "bench": (None, False),
+DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": (300.0, True), "bench": (None, False),
                    "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False)}
 STEPS = tuple(DEFAULT_BUDGETS)
 TEST_SUMMARY = r"^(FAILED|ERROR)\b|\d+ (passed|failed|deselected)|no tests ran"
@@ -302,16 +302,16 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
         out += [
             Command(f"racecheck, smoke cases ({p})", [*san, "--tool", "racecheck", PYTHON, "bench/diag/smoke.py",
                                                       "--small", "--no-triton"],
-                    f"racecheck-{p}.log", share=0.3 / len(paths), env={"KDTREE_KERNEL": p},
+                    f"racecheck-{p}.log", share=0.2 / len(paths), env={"KDTREE_KERNEL": p},
                     echo=r"RACECHECK SUMMARY|smoke"),
             # s1: also the part schedule's walks (several segments a CTA, barriers re-initialised
             # between them) and the merge of pieces
             Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
                 "-x", *tests, "-k", f"(consecutive_slots or parts_span or two_split_merge) and {p}")],
-                f"racecheck-slots-{p}.log", share=0.3 / len(paths),
+                f"racecheck-slots-{p}.log", share=0.5 / len(paths),  # ~130 s a path on the H200 (s1c)
                 env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
             Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", p)],
-                    f"memcheck-{p}.log", share=0.4 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),
+                    f"memcheck-{p}.log", share=0.3 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),
         ]
     return out
 

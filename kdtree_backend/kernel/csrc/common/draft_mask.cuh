@@ -15,7 +15,7 @@ __device__ __forceinline__ const uint8_t* request_mask(const KdtreeVerifyParams&
 }
 
 // The mask row of draft token `query` from its draft columns on (null when causal). The offset
-// is 32-bit: the request's mask block (n x (prefix + n) bytes) stays below 2 GiB (cta_work stops
+// is 32-bit: the request's mask block (n x (prefix + n) bytes) stays below 2 GiB (next_segment stops
 // the kernel otherwise: a prefix over 33M tokens at n = 64); 64-bit math here costs the portable
 // kernel 20 B of spills on sm_120.
 __device__ __forceinline__ const uint8_t* draft_mask_row(const uint8_t* mask, int prefix, int n, int query) {
