@@ -16,28 +16,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from conftest import fake_launch_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "launch_with_kdtree.py"
-FAKE = ROOT / "tests" / "fixtures_ops" / "fake_server.py"
 
 pytestmark = pytest.mark.timeout(60)
 
 
 def launcher_env(tmp_path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDTREE_", "FAKE_", "NOTIFY_SOCKET"))}
-    env.update(
-        KDTREE_VERIFY="off",
-        KDTREE_ARG_PREFLIGHT="0",
-        KDTREE_LAUNCH_CHILD_CMD=f"{sys.executable} {FAKE}",
-        KDTREE_PROBE_INTERVAL="0.2",
-        KDTREE_STOP_TIMEOUT="10",
-        FAKE_RECORD=str(tmp_path / "record.json"),
-        PYTHONUNBUFFERED="1",
-    )
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+    return fake_launch_env(tmp_path, **{"KDTREE_ARG_PREFLIGHT": "0", "KDTREE_PROBE_INTERVAL": "0.2",
+                                        "KDTREE_STOP_TIMEOUT": "10", **extra})
 
 
 def start(tmp_path, *args, _model="/models/none", **env):

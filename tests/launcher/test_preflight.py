@@ -9,7 +9,6 @@ at the fake server, and the tests check whether it was reached.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -17,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fake_launch_env
+
 from kdtree_backend.launcher.preflight import analyze_flags, explain_exception, suggest_flag
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = ROOT / "launch_with_kdtree.py"
-FAKE = ROOT / "tests" / "fixtures_ops" / "fake_server.py"
 MODEL = ROOT / "tests" / "fixtures_ops" / "dsv3_tiny"
 
 OPTIONS = {
@@ -95,17 +95,7 @@ def test_explain_value_error_and_generic_assertion():
 
 
 def env_for(tmp_path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KDTREE_", "FAKE_", "NOTIFY_SOCKET"))}
-    env.update(
-        KDTREE_VERIFY="off",
-        HF_HUB_OFFLINE="1",
-        KDTREE_LAUNCH_CHILD_CMD=f"{sys.executable} {FAKE}",
-        FAKE_MODE="crash",
-        FAKE_AFTER="0.1",
-        FAKE_RECORD=str(tmp_path / "record.json"),
-    )
-    env.update(extra)
-    return env
+    return fake_launch_env(tmp_path, **{"FAKE_MODE": "crash", "FAKE_AFTER": "0.1", **extra})
 
 
 def launch(tmp_path, args, timeout=120, **extra):
