@@ -44,10 +44,6 @@ using CombineQuarterRows = CombineLayout<128>;
 // 16 is even, 8 and fewer lose).
 constexpr int kCombineQuarterMinSplits = 17;
 
-// Piece s's slot from the request's first slot 2 f + 1: + 0 (s = 0) or 2 s - 1 (slot 2 (f + s)), in
-// units of slot - (2 f + 1) + 1 from base 2 f (common/schedule.cuh, request_piece_slot).
-__device__ __forceinline__ int piece_slot_step(int s) { return s == 0 ? 1 : 2 * s; }
-
 // The row's lse over pieces [0, limit) and the first kFirst pieces' partials, for first part f;
 // returns the row's partials' base (piece s at + piece_slot_step(s) * stride4).
 template <class Lay>

@@ -117,20 +117,18 @@ __host__ __device__ __forceinline__ Piece aligned_piece(int key_tiles, int s, in
 }
 
 // The workspace slot of a piece of part `part` (head pieces 2p, the others 2p + 1), and of piece s
-// of a request whose first part is f (the combine's view of the same rule).
+// of a request whose first part is f (the combine's view of the same rule): 2 f + piece_slot_step(s),
+// piece 0 being the tail of part f and piece s the head of part f + s.
 __host__ __device__ __forceinline__ int piece_slot(int part, bool head) { return 2 * part + (head ? 0 : 1); }
+__host__ __device__ __forceinline__ int piece_slot_step(int s) { return s == 0 ? 1 : 2 * s; }
 __host__ __device__ __forceinline__ int request_piece_slot(int first_part, int s) {
-  return s == 0 ? 2 * first_part + 1 : 2 * (first_part + s);
+  return 2 * first_part + piece_slot_step(s);
 }
 
 // The split workspace of a plan with `parts` parts, for row tiles of rows_per_tile rows:
 //   partial rows  [2 * parts slots][row_tiles * rows_per_tile][kVDim] fp32
 //   lse           [2 * parts slots][row_tiles * rows_per_tile]        fp32 (log2-sum-exp)
 //   request info  [batch] int2: (first part, pieces), written for every request with drafts
-inline int64_t schedule_rows_per_slot(int row_tiles, int rows_per_tile) {
-  return static_cast<int64_t>(row_tiles) * rows_per_tile;
-}
-
 struct WorkspaceView {
   float* o;       // partial rows
   float* lse;     // their log2-sum-exp
