@@ -59,9 +59,9 @@ def fake_launch_env(tmp_path: Path, **settings) -> dict:
     """The environment of a launcher run whose child is the fake SGLang (fixtures_ops/fake_server.py):
     clean_env() without FAKE_*/NOTIFY_SOCKET either, mode off, the fake's record in tmp_path, plus
     `settings` (values turned into strings). The launcher and preflight tests share it."""
-    env = clean_env(KDTREE_VERIFY="off", KDTREE_LAUNCH_CHILD_CMD=f"{sys.executable} {FAKE_SERVER}",
-                    FAKE_RECORD=str(tmp_path / "record.json"))
-    env = {k: v for k, v in env.items() if not k.startswith(("FAKE_", "NOTIFY_SOCKET")) or k == "FAKE_RECORD"}
+    env = {k: v for k, v in clean_env().items() if not k.startswith(("FAKE_", "NOTIFY_SOCKET"))}
+    env.update(KDTREE_VERIFY="off", KDTREE_LAUNCH_CHILD_CMD=f"{sys.executable} {FAKE_SERVER}",
+               FAKE_RECORD=str(tmp_path / "record.json"))
     env.update({k: str(v) for k, v in settings.items()})
     return env
 
