@@ -157,18 +157,51 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int ro
   sc.has_first = 0;
 }
 
-// Block-wide (every thread calls it, once): the batch's cost prefix over the requests (each thread
-// sums a contiguous chunk of requests, then a block scan), the mode and the part's range, the request
-// that holds the part's first position, and the part's first segment (next_segment, by the thread
-// that read that request), all into `sc` before one __syncthreads. False: the part is empty (the
-// batch has less work than the grid); the same on every thread.
+// Block-wide (every thread calls it, once; walk_part below): the batch's cost prefix over the requests
+// (each thread sums a contiguous chunk of requests, then a block scan), the mode and the part's range,
+// and the request that holds the part's first position with its index entries, all into `sc` by the
+// thread that read that request, before one __syncthreads; thread 0 then finds the first segment
+// (next_segment). False: the part is empty (the batch has less work than the grid); the same on
+// every thread. A batch of one request takes a shorter path: thread 0 alone, no scan, no barrier
+// (journal s1d).
 template <class Cfg>
-__device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part, int row_tile, ScheduleScratch& sc) {
+__device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part, ScheduleScratch& sc) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int kWarps = Cfg::kThreads / 32;
   static_assert(Cfg::kThreads % 32 == 0 && kWarps <= 32, "the schedule's scan takes whole warps, at most 32");
   const bool qo64 = p.qo_indptr_is_int64 != 0;
   const bool kv64 = p.kv_indptr_is_int64 != 0;
+  if (p.batch == 1) {
+    // One request (journal s1d): no scan and no barrier. Thread 0 reads its entries and sets up the
+    // walk with the batch's totals = the request's; its first next_segment (walk_part) follows at
+    // once. An empty part is an empty cut range: the walk finds no segment.
+    if (tid == 0) {
+      sc.part = part;
+      sc.next_b = 0;
+      sc.next_c = 0;
+      sc.has_first = 1;
+      sc.first_index[0] = load_index(p.qo_indptr, 0, qo64);
+      sc.first_index[1] = load_index(p.qo_indptr, 1, qo64);
+      sc.first_index[2] = load_index(p.kv_indptr, 0, kv64);
+      sc.first_index[3] = load_index(p.kv_indptr, 1, kv64);
+      const RequestView r = request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2], sc.first_index[3]);
+      const int kt = request_key_tiles(r.prefix, r.n, Cfg::kBN);
+      const int64_t total = request_cost(kt);
+      const int min_tiles = min_part_tiles(p.min_keys_per_split, Cfg::kBN, kt);
+      sc.min_tiles = min_tiles;
+      if (use_aligned(p.num_splits, 1, total, kt, min_tiles, Cfg::kBN)) {
+        sc.aligned = p.num_splits;
+      } else {
+        const int64_t len = part_length(total, p.num_splits, min_tiles);
+        const int64_t lo = static_cast<int64_t>(part) * len;
+        sc.aligned = 0;
+        sc.lo = lo < total ? lo : 0;
+        sc.hi = lo < total ? min(lo + len, total) : 0;
+        sc.len = len;
+      }
+    }
+    return true;
+  }
   const int per = (p.batch + Cfg::kThreads - 1) / Cfg::kThreads;
   const int b_lo = tid * per;
   const int b_hi = min(p.batch, b_lo + per);
@@ -235,7 +268,6 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
         sc.first_index[2] = load_index(p.kv_indptr, b, kv64);
         sc.first_index[3] = load_index(p.kv_indptr, b + 1, kv64);
       }
-      next_segment<Cfg>(p, row_tile, sc);
     }
     __syncthreads();
     return true;
@@ -265,7 +297,6 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
         sc.first_index[1] = q_next;
         sc.first_index[2] = k_prev;
         sc.first_index[3] = k_next;
-        next_segment<Cfg>(p, row_tile, sc);
         break;
       }
       c += cost;
@@ -275,6 +306,24 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   }
   __syncthreads();
   return true;
+}
+
+// The CTA's walk over its part (s1), for both kernels: part_begin, then one segment at a time. Thread 0
+// finds the next segment (so next_segment exists once in the binary), a __syncthreads publishes it
+// and ends the previous segment (its copies landed, its stores read their shared memory), every
+// thread copies it and runs it: `between()` before each segment but the first, then `run(cw)`.
+template <class Cfg, class Between, class Run>
+__device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, int part, int row_tile, ScheduleScratch& sc,
+                                          Between between, Run run) {
+  if (!part_begin<Cfg>(p, part, sc)) return;
+  for (bool first = true;; first = false) {
+    if (threadIdx.x == 0) next_segment<Cfg>(p, row_tile, sc);
+    __syncthreads();
+    if (!sc.more) break;
+    const CtaWork cw = sc.seg;
+    if (!first) between();
+    run(cw);
+  }
 }
 
 // Query row r of the request is (token r / H, head r % H). Rows past the request read row 0 and

@@ -254,27 +254,19 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_hopper_smem + SmemLayout::kSched);
-  if (!part_begin<HopperConfig>(p, blockIdx.y, row_tile, sched)) return;  // its first segment found
-  for (bool first = true;; first = false) {
-    if (!first) {
-      if (tid == 0) next_segment<HopperConfig>(p, row_tile, sched);
-      // sc.seg is written, and every thread is done with the previous segment (its copies landed,
-      // its stores read their shared memory).
-      __syncthreads();
-    }
-    if (!sched.more) break;
-    const CtaWork cw = sched.seg;
-    if (!first && tid == 0) {
-      // End the previous segment's barriers (all phases complete) so run_segment can initialise them.
-      const uint32_t smem = smem_addr(g_hopper_smem);
-      for (int i = 0; i < HopperConfig::kStages; ++i) {
-        mbar_inval(smem + SmemLayout::kKFull + 8 * i);
-        mbar_inval(smem + SmemLayout::kKEmpty + 8 * i);
-      }
-      mbar_inval(smem + SmemLayout::kQFull);
-    }
-    run_segment<kFold>(p, q_map, q_tma, cw, row_tile, tid, lane, wg, warp_in_wg);
-  }
+  walk_part<HopperConfig>(
+      p, blockIdx.y, row_tile, sched,
+      [&] {
+        if (tid != 0) return;
+        // End the previous segment's barriers (all phases complete) so run_segment can initialise them.
+        const uint32_t smem = smem_addr(g_hopper_smem);
+        for (int i = 0; i < HopperConfig::kStages; ++i) {
+          mbar_inval(smem + SmemLayout::kKFull + 8 * i);
+          mbar_inval(smem + SmemLayout::kKEmpty + 8 * i);
+        }
+        mbar_inval(smem + SmemLayout::kQFull);
+      },
+      [&](const CtaWork& cw) { run_segment<kFold>(p, q_map, q_tma, cw, row_tile, tid, lane, wg, warp_in_wg); });
 }
 
 }  // namespace hopper

@@ -35,38 +35,42 @@ struct WarpState {
   float l[2];                       // this thread's share of the running sum
 };
 
-template <class Cfg, int kH>
-__device__ __forceinline__ void load_q_fragments(WarpState<Cfg>& st, uint32_t stage_base, int g, int lane) {
-  constexpr int kChunk0 = kH * (Cfg::kQkSlice / 8);
-  const int row = g * 16 + (lane & 15);
+// Warp (g, h)'s Q rows over depth slice h, from the staged Q tile.
+template <class Cfg>
+__device__ __forceinline__ void load_q_fragments(WarpState<Cfg>& st, uint32_t stage_base, int g, int h, int lane) {
+  const uint32_t base = stage_base + row_offset(g * 16 + (lane & 15), h * (Cfg::kQkSlice / 8) + (lane >> 4));
 #pragma unroll
   for (int ks = 0; ks < Cfg::kKSteps; ++ks) {
-    const int chunk = kChunk0 + 2 * ks + (lane >> 4);
-    ldmatrix_x4(stage_base + row_offset(row, chunk), st.q[ks][0], st.q[ks][1], st.q[ks][2], st.q[ks][3]);
+    ldmatrix_x4(base + ks * 32, st.q[ks][0], st.q[ks][1], st.q[ks][2], st.q[ks][3]);
   }
 }
 
-// Per-lane parts of the ldmatrix addresses; the rest (chunk, key block) is a compile-time constant.
+// Per-lane parts of the ldmatrix addresses, this warp's slice h included; the rest (chunk within
+// the slice, key block) is a compile-time constant. The slice is a run-time offset rather than a
+// template argument so that the tile loop exists once in the binary, not once per slice: two copies
+// (one per warp of a scheduler) overflowed the instruction cache (journal s1d: 7% of the stall
+// samples were instruction fetches on B32 H8 n16 L1k).
 struct LaneOffsets {
-  uint32_t qk;  // K rows for QK^T (ldmatrix, B operand)
-  uint32_t pv;  // V rows for PV (ldmatrix.trans, B operand)
+  uint32_t qk;  // K rows for QK^T (ldmatrix, B operand), depth slice h
+  uint32_t pv;  // V rows for PV (ldmatrix.trans, B operand), column slice h
 };
 
-__device__ __forceinline__ LaneOffsets make_lane_offsets(int lane) {
+template <class Cfg>
+__device__ __forceinline__ LaneOffsets make_lane_offsets(int lane, int h) {
   LaneOffsets o;
-  o.qk = row_offset((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
-  o.pv = row_offset((lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
+  o.qk = row_offset((lane & 7) + ((lane >> 4) << 3), h * (Cfg::kQkSlice / 8) + ((lane >> 3) & 1));
+  o.pv = row_offset((lane & 7) + (((lane >> 3) & 1) << 3), h * (Cfg::kVSlice / 8) + (lane >> 4));
   return o;
 }
 
-// S(16 x BN) partial = Q(16 x slice kH) * K_tile(BN x slice kH)^T. Even and odd k-steps go to
+// S(16 x BN) partial = Q(16 x slice h) * K_tile(BN x slice h)^T. Even and odd k-steps go to
 // separate accumulators: two independent mma chains per n8 tile instead of one, so the tensor
 // pipe is not idle waiting on a single accumulator's latency.
-template <class Cfg, int kH, int kKs = 0>
+template <class Cfg, int kKs = 0>
 __device__ __forceinline__ void qk_steps(float (&s0)[Cfg::kNTiles][4], float (&s1)[Cfg::kNTiles][4],
                                          const WarpState<Cfg>& st, uint32_t tile_base, const LaneOffsets& lo) {
   if constexpr (kKs < Cfg::kKSteps) {
-    constexpr int kChunk = kH * (Cfg::kQkSlice / 8) + 2 * kKs;
+    constexpr int kChunk = 2 * kKs;
     // With 4+ n8 tiles there are already enough independent chains: one accumulator set.
     float(&s)[Cfg::kNTiles][4] = (Cfg::kNTiles >= 4 || kKs % 2 == 0) ? s0 : s1;
 #pragma unroll
@@ -76,11 +80,11 @@ __device__ __forceinline__ void qk_steps(float (&s0)[Cfg::kNTiles][4], float (&s
       mma_bf16_16816(s[2 * np], st.q[kKs], b0, b1);
       mma_bf16_16816(s[2 * np + 1], st.q[kKs], b2, b3);
     }
-    qk_steps<Cfg, kH, kKs + 1>(s0, s1, st, tile_base, lo);
+    qk_steps<Cfg, kKs + 1>(s0, s1, st, tile_base, lo);
   }
 }
 
-template <class Cfg, int kH>
+template <class Cfg>
 __device__ __forceinline__ void qk_partial(float (&s)[Cfg::kNTiles][4], const WarpState<Cfg>& st,
                                            uint32_t tile_base, const LaneOffsets& lo) {
   float s1[Cfg::kNTiles][4];
@@ -89,7 +93,7 @@ __device__ __forceinline__ void qk_partial(float (&s)[Cfg::kNTiles][4], const Wa
     s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
     s1[f][0] = s1[f][1] = s1[f][2] = s1[f][3] = 0.f;
   }
-  qk_steps<Cfg, kH>(s, s1, st, tile_base, lo);
+  qk_steps<Cfg>(s, s1, st, tile_base, lo);
   if constexpr (Cfg::kNTiles < 4) {
 #pragma unroll
     for (int f = 0; f < Cfg::kNTiles; ++f)
@@ -98,12 +102,12 @@ __device__ __forceinline__ void qk_partial(float (&s)[Cfg::kNTiles][4], const Wa
   }
 }
 
-// O(16 x slice kH) += P(16 x BN) * V_tile(BN x slice kH), V = the K tile's first 512 columns.
-template <class Cfg, int kH, int kJ = 0>
+// O(16 x slice h) += P(16 x BN) * V_tile(BN x slice h), V = the K tile's first 512 columns.
+template <class Cfg, int kJ = 0>
 __device__ __forceinline__ void pv_steps(WarpState<Cfg>& st, const uint32_t (&pa)[Cfg::kBN / 16][4],
                                          uint32_t tile_base, const LaneOffsets& lo) {
   if constexpr (kJ < Cfg::kVTiles / 2) {
-    constexpr int kChunk = kH * (Cfg::kVSlice / 8) + 2 * kJ;
+    constexpr int kChunk = 2 * kJ;
 #pragma unroll
     for (int kk = 0; kk < Cfg::kBN / 16; ++kk) {
       uint32_t b0, b1, b2, b3;
@@ -111,7 +115,7 @@ __device__ __forceinline__ void pv_steps(WarpState<Cfg>& st, const uint32_t (&pa
       mma_bf16_16816(st.o[2 * kJ], pa[kk], b0, b1);
       mma_bf16_16816(st.o[2 * kJ + 1], pa[kk], b2, b3);
     }
-    pv_steps<Cfg, kH, kJ + 1>(st, pa, tile_base, lo);
+    pv_steps<Cfg, kJ + 1>(st, pa, tile_base, lo);
   }
 }
 
@@ -125,42 +129,51 @@ struct TileContext {
 };
 
 // Everything a warp does with one key tile once it sits in shared memory.
-template <class Cfg, int kH>
-__device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_base, int g,
+template <class Cfg>
+__device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_base, int g, int h,
                                              int lane, const LaneOffsets& lo, const TileContext& tc,
                                              const KdtreeVerifyParams& p) {
   constexpr float kLog2e = 1.4426950408889634f;
   constexpr int NT = Cfg::kNTiles;
   float s[NT][4];
-  qk_partial<Cfg, kH>(s, st, tile_base, lo);
+  qk_partial<Cfg>(s, st, tile_base, lo);
 
   if constexpr (Cfg::kCS > 1) {
     // Sum the depth slices of this row group. Every warp of the group adds the partials in the
     // same order, so all of them hold bit-identical scores and take identical softmax decisions.
     float* exchange = reinterpret_cast<float*>(g_smem + SmemLayout<Cfg>::kExchange);
-    float* mine = exchange + ((kH * Cfg::kRG + g) * NT * 4) * 32;
+    float* mine = exchange + ((h * Cfg::kRG + g) * NT * 4) * 32;
 #pragma unroll
     for (int f = 0; f < NT; ++f)
 #pragma unroll
       for (int e = 0; e < 4; ++e) mine[(f * 4 + e) * 32 + lane] = s[f][e];
     named_barrier(1 + g, 32 * Cfg::kCS);
-    float tot[NT][4];
-#pragma unroll
-    for (int f = 0; f < NT; ++f)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) tot[f][e] = 0.f;
-#pragma unroll
-    for (int hh = 0; hh < Cfg::kCS; ++hh) {
-      const float* part = exchange + ((hh * Cfg::kRG + g) * NT * 4) * 32;
+    if constexpr (Cfg::kCS == 2) {
+      // Own + partner's: IEEE addition is commutative, so both warps get the same bits.
+      const float* part = exchange + (((1 - h) * Cfg::kRG + g) * NT * 4) * 32;
 #pragma unroll
       for (int f = 0; f < NT; ++f)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) tot[f][e] += (hh == kH) ? s[f][e] : part[(f * 4 + e) * 32 + lane];
+        for (int e = 0; e < 4; ++e) s[f][e] += part[(f * 4 + e) * 32 + lane];
+    } else {
+      float tot[NT][4];
+#pragma unroll
+      for (int f = 0; f < NT; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tot[f][e] = 0.f;
+#pragma unroll
+      for (int hh = 0; hh < Cfg::kCS; ++hh) {
+        const float* part = exchange + ((hh * Cfg::kRG + g) * NT * 4) * 32;
+#pragma unroll
+        for (int f = 0; f < NT; ++f)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tot[f][e] += (hh == h) ? s[f][e] : part[(f * 4 + e) * 32 + lane];
+      }
+#pragma unroll
+      for (int f = 0; f < NT; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[f][e] = tot[f][e];
     }
-#pragma unroll
-    for (int f = 0; f < NT; ++f)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[f][e] = tot[f][e];
   }
 
   // Scale into the log2 domain and mask: prefix keys past P; draft keys by the tree mask.
@@ -247,13 +260,13 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
     pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0] * ps, s[2 * kk + 1][1] * ps);
     pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2] * ps, s[2 * kk + 1][3] * ps);
   }
-  pv_steps<Cfg, kH>(st, pa, tile_base, lo);
+  pv_steps<Cfg>(st, pa, tile_base, lo);
 }
 
-template <class Cfg, int kH>
+template <class Cfg>
 __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const KdtreeVerifyParams& p,
                                               const RequestView& req, int slot, int row_tile,
-                                              int num_row_tiles, int g, int lane, bool direct) {
+                                              int num_row_tiles, int g, int h, int lane, bool direct) {
   const int H = p.num_heads;
   const int rows = req.n * H;
 #pragma unroll
@@ -265,7 +278,7 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
     const int r = row_tile * Cfg::kM + row_local;
     if (r >= rows) continue;
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int col0 = kH * Cfg::kVSlice + 2 * (lane & 3);
+    const int col0 = h * Cfg::kVSlice + 2 * (lane & 3);
     if (direct) {
       __nv_bfloat16* dst = out_row(p, req, r) + col0;
 #pragma unroll
@@ -281,7 +294,7 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
       for (int f = 0; f < Cfg::kVTiles; ++f) {
         *reinterpret_cast<float2*>(ws_o + f * 8) = make_float2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
       }
-      if (kH == 0 && (lane & 3) == 0) {
+      if (h == 0 && (lane & 3) == 0) {
         ws.lse[ws_row] = l > 0.f ? st.m[rr] + log2f(l) : -CUDART_INF_F;
       }
     }
@@ -352,15 +365,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
     __syncthreads();
   }
   WarpState<Cfg> st;
-  if (h == 0) {
-    load_q_fragments<Cfg, 0>(st, stage_base, g, lane);
-  } else if constexpr (Cfg::kCS > 1) {
-    if (h == 1) load_q_fragments<Cfg, 1>(st, stage_base, g, lane);
-    if constexpr (Cfg::kCS > 2) {
-      if (h == 2) load_q_fragments<Cfg, 2>(st, stage_base, g, lane);
-      if (h == 3) load_q_fragments<Cfg, 3>(st, stage_base, g, lane);
-    }
-  }
+  load_q_fragments<Cfg>(st, stage_base, g, h, lane);
 #pragma unroll
   for (int f = 0; f < Cfg::kVTiles; ++f) st.o[f][0] = st.o[f][1] = st.o[f][2] = st.o[f][3] = 0.f;
   st.m[0] = st.m[1] = -CUDART_INF_F;
@@ -394,7 +399,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
   issue_tile(t_begin);  // its slot ids landed with Q
   cp_async_commit();
 
-  const LaneOffsets lo = make_lane_offsets(lane);
+  const LaneOffsets lo = make_lane_offsets<Cfg>(lane, h);
   TileContext tc;
   tc.prefix = req.prefix;
   tc.n = req.n;
@@ -412,15 +417,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
     tc.is_prefix = t < w.prefix_tiles;
     tc.key_base = tc.is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
     const uint32_t tile_base = stage_base + ((t - t_begin) % Cfg::kStages) * Cfg::kTileBytes;
-    if (h == 0) {
-      process_tile<Cfg, 0>(st, tile_base, g, lane, lo, tc, p);
-    } else if constexpr (Cfg::kCS > 1) {
-      if (h == 1) process_tile<Cfg, 1>(st, tile_base, g, lane, lo, tc, p);
-      if constexpr (Cfg::kCS > 2) {
-        if (h == 2) process_tile<Cfg, 2>(st, tile_base, g, lane, lo, tc, p);
-        if (h == 3) process_tile<Cfg, 3>(st, tile_base, g, lane, lo, tc, p);
-      }
-    }
+    process_tile<Cfg>(st, tile_base, g, h, lane, lo, tc, p);
   }
   cp_async_wait<0>();
 
@@ -429,15 +426,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
   RequestView req_out = req;  // q0 back from shared memory: not held in registers over the tile loop
   req_out.q0 = ld_shared_s64(stage_base + SmemLayout<Cfg>::kSegQ0);
   const int num_row_tiles = grid_dim_x();
-  if (h == 0) {
-    store_results<Cfg, 0>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
-  } else if constexpr (Cfg::kCS > 1) {
-    if (h == 1) store_results<Cfg, 1>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
-    if constexpr (Cfg::kCS > 2) {
-      if (h == 2) store_results<Cfg, 2>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
-      if (h == 3) store_results<Cfg, 3>(st, p, req_out, slot, row_tile, num_row_tiles, g, lane, direct);
-    }
-  }
+  store_results<Cfg>(st, p, req_out, slot, row_tile, num_row_tiles, g, h, lane, direct);
 }
 
 // Grid: (row tiles, parts). CTA (row_tile, part) runs the part's segments one after another (s1).
@@ -450,18 +439,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int g = warp % Cfg::kRG;
   const int h = warp / Cfg::kRG;
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + SmemLayout<Cfg>::kSched);
-  if (!part_begin<Cfg>(p, blockIdx.y, row_tile, sched)) return;  // its first segment found
-  for (bool first = true;; first = false) {
-    if (!first) {
-      if (tid == 0) next_segment<Cfg>(p, row_tile, sched);
-      // sc.seg is written, and every thread is done with the previous segment (its copies landed,
-      // its stores read their shared memory).
-      __syncthreads();
-    }
-    if (!sched.more) break;
-    const CtaWork cw = sched.seg;
-    run_segment<Cfg>(p, cw, row_tile, tid, lane, g, h);
-  }
+  walk_part<Cfg>(
+      p, blockIdx.y, row_tile, sched, [] {}, [&](const CtaWork& cw) { run_segment<Cfg>(p, cw, row_tile, tid, lane, g, h); });
 }
 
 }  // namespace kdtree
