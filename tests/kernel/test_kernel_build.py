@@ -211,12 +211,14 @@ def test_hopper_qk_issue_uses_uniform_descriptors(report):
     """h18: the role branches are warp-uniform to ptxas (the warpgroup index comes from a warp
     reduction), so QK^T's K descriptor stays in uniform registers. A role index ptxas sees as
     divergent brings back two R2UR before every QK^T wgmma (~7.5 instructions per wgmma, 239
-    registers, 1.3% slower on the GPU)."""
+    registers, 1.3% slower on the GPU). Since s1d (walk_part) ptxas moves the next tile's base
+    descriptor into its uniform register once, before the block's last wgmma (one R2UR a tile,
+    measured no slower: journal s1d); the failure this guards against puts them before every wgmma."""
     for lines in _hopper_kernel_sass(report):
         qk = [i for i, ln in enumerate(lines) if "HGMMA.64x64x16" in ln]
         assert len(qk) == 36, "one QK^T block of 36 m64n64k16 wgmmas"
         between = [ln.strip() for ln in lines[qk[0]:qk[-1]] if "R2UR" in ln]
-        assert between == [], f"QK^T descriptors moved from regular registers: {between[:4]}"
+        assert len(between) <= 2, f"QK^T descriptors moved from regular registers: {between[:4]}"
 
 
 def test_hopper_pv_starts_under_the_softmax(report):

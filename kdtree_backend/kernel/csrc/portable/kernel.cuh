@@ -48,7 +48,7 @@ __device__ __forceinline__ void load_q_fragments(WarpState<Cfg>& st, uint32_t st
 // Per-lane parts of the ldmatrix addresses, this warp's slice h included; the rest (chunk within
 // the slice, key block) is a compile-time constant. The slice is a run-time offset rather than a
 // template argument so that the tile loop exists once in the binary, not once per slice: two copies
-// (one per warp of a scheduler) overflowed the instruction cache (journal s1d: 7% of the stall
+// (one per warp of a scheduler) overflowed the instruction cache (journal m12: 7% of the stall
 // samples were instruction fetches on B32 H8 n16 L1k).
 struct LaneOffsets {
   uint32_t qk;  // K rows for QK^T (ldmatrix, B operand), depth slice h
