@@ -275,7 +275,8 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   const int64_t len = part_length(total, p.num_splits, min_tiles);
   const int64_t lo = static_cast<int64_t>(part) * len;
   if (lo >= total) return false;  // the same on every thread
-  // The one thread whose chunk holds position lo names the request there and finds the first segment.
+  // The one thread whose chunk holds position lo names the request there (thread 0's next_segment
+  // then finds the first segment).
   if (sum > 0 && excl <= lo && lo < excl + sum) {
     int64_t c = excl;
     int64_t q_prev = idx0[0], k_prev = idx0[2];
