@@ -35,8 +35,8 @@ def test_tree_compared_with_itself_is_identical(cache):
     proc = _run(cache, "--ref-tree", str(ROOT), "--tree", str(ROOT))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "sm_120: SASS of 3 of 3 kernels identical" in out
-    assert "sm_120: ptxas resources: 4 of 4 entries identical" in out
+    assert "sm_120: SASS of 4 of 4 kernels identical" in out  # 2 portable (s1e: one request, any batch) + 2 combines
+    assert "sm_120: ptxas resources: 5 of 5 entries identical" in out
     assert "cubins (nvcc -cubin, no -lineinfo): 1 identical byte for byte" in out
     assert "IDENTICAL" in out
 
@@ -53,12 +53,12 @@ def test_a_changed_constant_in_a_kernel_source_is_reported(cache, tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
     assert "DIFFERENT" in out
-    assert "sm_120: SASS of void verify_attention_kernel<VerifyConfig<4, 2, 32, 2> >(KdtreeVerifyParams) differs" in out
+    assert "sm_120: SASS of void verify_attention_kernel<VerifyConfig<4, 2, 32, 2>, false>(KdtreeVerifyParams) differs" in out
     assert "first difference at instruction" in out
     assert any(line.startswith("      - ") for line in out.splitlines())
     assert any(line.startswith("      + ") for line in out.splitlines())
     # the combine kernels of the same translation unit are untouched; the cubin holding them all is not
-    assert "sm_120: SASS of 2 of 3 kernels identical" in out
+    assert "sm_120: SASS of 2 of 4 kernels identical" in out  # both portable instantiations hold the constant
     assert ("cubin kdtree_backend/kernel/csrc/portable/launch.cu -> kdtree_backend/kernel/csrc/portable/launch.cu "
             "(sm_120): bytes differ") in out
 

@@ -82,14 +82,13 @@ struct ScheduleScratch {
 // One thread only: segment `pc` of request b (kt key tiles) in `part` into sc.seg, if the row tile has
 // rows of the request (sc.more = 1); false otherwise.
 template <class Cfg>
-__device__ __forceinline__ bool fill_segment(const KdtreeVerifyParams& p, const RequestView& req, int b, int kt,
-                                             const Piece& pc, int part, bool last, int row_tile, ScheduleScratch& sc) {
+__device__ __forceinline__ bool fill_work(const KdtreeVerifyParams& p, const RequestView& req, int b, int kt,
+                                          const Piece& pc, int part, bool last, int row_tile, CtaWork& cw) {
   const int rows = req.n * p.num_heads;
   if (row_tile * Cfg::kM >= rows) return false;
   // The draft mask is addressed with 32-bit offsets within a request (draft_mask_row): a block of
   // 2 GiB or more (a prefix over 33M tokens at n = 64) stops the kernel instead of reading wrong.
   if (p.custom_mask != nullptr && static_cast<int64_t>(req.n) * (req.prefix + req.n) > 0x7fffffffLL) __trap();
-  CtaWork& cw = sc.seg;
   cw.req = req;
   cw.b = b;
   cw.rows = rows;
@@ -100,6 +99,14 @@ __device__ __forceinline__ bool fill_segment(const KdtreeVerifyParams& p, const 
   cw.direct = !pc.head && !pc.tail;
   cw.slot = piece_slot(part, pc.head);
   cw.last = last;
+  return true;
+}
+
+// One thread only: fill_work into sc.seg (sc.more = 1 when the row tile has rows of the request).
+template <class Cfg>
+__device__ __forceinline__ bool fill_segment(const KdtreeVerifyParams& p, const RequestView& req, int b, int kt,
+                                             const Piece& pc, int part, bool last, int row_tile, ScheduleScratch& sc) {
+  if (!fill_work<Cfg>(p, req, b, kt, pc, part, last, row_tile, sc.seg)) return false;
   sc.more = 1;
   return true;
 }
@@ -162,8 +169,7 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int ro
 // and the request that holds the part's first position with its index entries, all into `sc` by the
 // thread that read that request, before one __syncthreads; thread 0 then finds the first segment
 // (next_segment). False: the part is empty (the batch has less work than the grid); the same on
-// every thread. A batch of one request takes a shorter path: thread 0 alone, no scan, no barrier
-// (journal s1d).
+// every thread. (Launches of one request run the single-request instantiation: walk_part<Cfg, true>.)
 template <class Cfg>
 __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part, ScheduleScratch& sc) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -171,37 +177,6 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   static_assert(Cfg::kThreads % 32 == 0 && kWarps <= 32, "the schedule's scan takes whole warps, at most 32");
   const bool qo64 = p.qo_indptr_is_int64 != 0;
   const bool kv64 = p.kv_indptr_is_int64 != 0;
-  if (p.batch == 1) {
-    // One request (journal s1d): no scan and no barrier. Thread 0 reads its entries and sets up the
-    // walk with the batch's totals = the request's; its first next_segment (walk_part) follows at
-    // once. An empty part is an empty cut range: the walk finds no segment.
-    if (tid == 0) {
-      sc.part = part;
-      sc.next_b = 0;
-      sc.next_c = 0;
-      sc.has_first = 1;
-      sc.first_index[0] = load_index(p.qo_indptr, 0, qo64);
-      sc.first_index[1] = load_index(p.qo_indptr, 1, qo64);
-      sc.first_index[2] = load_index(p.kv_indptr, 0, kv64);
-      sc.first_index[3] = load_index(p.kv_indptr, 1, kv64);
-      const RequestView r = request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2], sc.first_index[3]);
-      const int kt = request_key_tiles(r.prefix, r.n, Cfg::kBN);
-      const int64_t total = request_cost(kt);
-      const int min_tiles = min_part_tiles(p.min_keys_per_split, Cfg::kBN, kt);
-      sc.min_tiles = min_tiles;
-      if (use_aligned(p.num_splits, 1, total, kt, min_tiles, Cfg::kBN)) {
-        sc.aligned = p.num_splits;
-      } else {
-        const int64_t len = part_length(total, p.num_splits, min_tiles);
-        const int64_t lo = static_cast<int64_t>(part) * len;
-        sc.aligned = 0;
-        sc.lo = lo < total ? lo : 0;
-        sc.hi = lo < total ? min(lo + len, total) : 0;
-        sc.len = len;
-      }
-    }
-    return true;
-  }
   const int per = (p.batch + Cfg::kThreads - 1) / Cfg::kThreads;
   const int b_lo = tid * per;
   const int b_hi = min(p.batch, b_lo + per);
@@ -309,21 +284,60 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
   return true;
 }
 
+// A launch of one request (journal s1e; its own kernel instantiation, picked by the launcher when
+// batch == 1): every thread finds the part's segment itself from request 0's entries (one load round
+// trip, no scan, no barrier, no walk), by the rules part_begin + next_segment apply with the batch's
+// totals = the request's; a part then holds at most one segment. False: nothing for this CTA. The
+// CTA of row tile 0 holding the first tile records (first part, pieces) for the combine.
+template <class Cfg>
+__device__ __forceinline__ bool single_request_segment(const KdtreeVerifyParams& p, int part, int row_tile,
+                                                       CtaWork& cw) {
+  const RequestView req = load_request(p, 0);
+  const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
+  if (kt == 0) return false;
+  const int64_t total = request_cost(kt);
+  const int min_tiles = min_part_tiles(p.min_keys_per_split, Cfg::kBN, kt);
+  Piece pc;
+  int pieces;
+  if (use_aligned(p.num_splits, 1, total, kt, min_tiles, Cfg::kBN)) {
+    pc = aligned_piece(kt, p.num_splits, part, min_tiles, pieces);  // s = parts: piece j = part
+  } else {
+    const int64_t len = part_length(total, p.num_splits, min_tiles);
+    const int64_t lo = static_cast<int64_t>(part) * len;
+    if (lo >= total) return false;
+    pc = piece_in_part(0, kt, lo, min(lo + len, total));
+    pieces = part_of(kOverheadTiles + kt - 1, len) - part + 1;  // read only where pc.t_begin == 0
+  }
+  if (pc.t_begin >= pc.t_end) return false;
+  if (row_tile == 0 && pc.t_begin == 0 && p.num_splits > 1 && threadIdx.x == 0) {
+    const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
+    ws.request[0] = make_int2(part, pieces);
+  }
+  return fill_work<Cfg>(p, req, 0, kt, pc, part, true, row_tile, cw);
+}
+
 // The CTA's walk over its part (s1), for both kernels: part_begin, then one segment at a time. Thread 0
 // finds the next segment (so next_segment exists once in the binary), a __syncthreads publishes it
 // and ends the previous segment (its copies landed, its stores read their shared memory), every
 // thread copies it and runs it: `between()` before each segment but the first, then `run(cw)`.
-template <class Cfg, class Between, class Run>
+// kSingle (a launch of one request): the one segment of single_request_segment, no walk.
+template <class Cfg, bool kSingle, class Between, class Run>
 __device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, int part, int row_tile, ScheduleScratch& sc,
                                           Between between, Run run) {
-  if (!part_begin<Cfg>(p, part, sc)) return;
-  for (bool first = true;; first = false) {
-    if (threadIdx.x == 0) next_segment<Cfg>(p, row_tile, sc);
-    __syncthreads();
-    if (!sc.more) break;
-    const CtaWork cw = sc.seg;
-    if (!first) between();
-    run(cw);
+  if constexpr (kSingle) {
+    CtaWork cw;
+    if (single_request_segment<Cfg>(p, part, row_tile, cw)) run(cw);
+    return;
+  } else {
+    if (!part_begin<Cfg>(p, part, sc)) return;
+    for (bool first = true;; first = false) {
+      if (threadIdx.x == 0) next_segment<Cfg>(p, row_tile, sc);
+      __syncthreads();
+      if (!sc.more) break;
+      const CtaWork cw = sc.seg;
+      if (!first) between();
+      run(cw);
+    }
   }
 }
 

@@ -239,7 +239,8 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
 // tile wholly inside its request loads Q with nine TMA boxes; otherwise (and for a tile with
 // padding rows) Q comes through cp.async, which zero-fills the padding rows.
 // Grid: (row tiles, parts). CTA (row_tile, part) runs the part's segments one after another (s1).
-template <bool kFold>
+// kSingle: the launch holds one request (s1e: no scan, no walk).
+template <bool kFold, bool kSingle>
 __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
   const int row_tile = blockIdx.x;
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_hopper_smem + SmemLayout::kSched);
-  walk_part<HopperConfig>(
+  walk_part<HopperConfig, kSingle>(
       p, blockIdx.y, row_tile, sched,
       [&] {
         if (tid != 0) return;

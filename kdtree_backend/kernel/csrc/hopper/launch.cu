@@ -18,12 +18,13 @@ namespace kdtree {
 namespace hopper {
 namespace {
 
-// Both instantiations (h13: scales folded or applied as given): each needs the shared-memory
-// attribute and an image for the device. The folded one, last, is what SGLang's scales run (the
-// probe reports its attributes).
+// Every instantiation (h13: scales folded or applied as given; s1e: a launch of one request, or any
+// batch): each needs the shared-memory attribute and an image for the device. The folded batch one,
+// last, is what SGLang's scales run most (the probe reports its attributes).
 using Kernel = void (*)(KdtreeVerifyParams, CUtensorMap, int);
-const Kernel kKernels[] = {verify_attention_hopper_kernel<false>, verify_attention_hopper_kernel<true>};
-KernelFamily<Kernel, 2> g_kernels("the Hopper verify kernel",
+const Kernel kKernels[] = {verify_attention_hopper_kernel<false, true>, verify_attention_hopper_kernel<false, false>,
+                           verify_attention_hopper_kernel<true, true>, verify_attention_hopper_kernel<true, false>};
+KernelFamily<Kernel, 4> g_kernels("the Hopper verify kernel",
                                   "; it is built for sm_90a only (H100/H200): set KDTREE_KERNEL=portable elsewhere",
                                   SmemLayout::kBytes, kKernels);
 
@@ -107,11 +108,9 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   CUtensorMap q_map;
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;
-  if (fold_scales(p)) {
-    verify_attention_hopper_kernel<true><<<grid, HopperConfig::kThreads, SmemLayout::kBytes, stream>>>(p, q_map, q_tma);
-  } else {
-    verify_attention_hopper_kernel<false><<<grid, HopperConfig::kThreads, SmemLayout::kBytes, stream>>>(p, q_map, q_tma);
-  }
+  // s1e: a batch of one request runs the instantiation without the batch scan and the walk.
+  const Kernel kernel = kKernels[(fold_scales(p) ? 2 : 0) + (p.batch == 1 ? 0 : 1)];
+  kernel<<<grid, HopperConfig::kThreads, SmemLayout::kBytes, stream>>>(p, q_map, q_tma);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;
   if (p.num_splits > 1) {

@@ -387,11 +387,16 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
       valid = c < req.n;
       src = kd + (ld_shared_s64(stage_base + SmemLayout<Cfg>::kSegQ0) + (valid ? c : 0)) * p.k_stride_tok;
     }
+    // The row's shared address from %tid here: held over the tile loop it spilled 4 B on sm_120 in
+    // the single-request instantiation (s1e).
+    uint32_t t_now;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t_now));
+    const uint32_t dst_row = dst_base + row_offset(static_cast<int>(t_now) / kTprK, 0);
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u) {
       const int c = my_chunk0 + kTprK * u;
       if (kRowChunks % kTprK == 0 || c < kRowChunks) {
-        cp_async_16(dst_base + row_offset(my_key, c), src + c * 8, valid);
+        cp_async_16(dst_row + c * 16, src + c * 8, valid);
       }
     }
   };
@@ -430,7 +435,8 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
 }
 
 // Grid: (row tiles, parts). CTA (row_tile, part) runs the part's segments one after another (s1).
-template <class Cfg>
+// kSingle: the launch holds one request (s1e: no scan, no walk).
+template <class Cfg, bool kSingle>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(const KdtreeVerifyParams p) {
   const int row_tile = blockIdx.x;
   const int tid = threadIdx.x;
@@ -439,7 +445,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int g = warp % Cfg::kRG;
   const int h = warp / Cfg::kRG;
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + SmemLayout<Cfg>::kSched);
-  walk_part<Cfg>(
+  walk_part<Cfg, kSingle>(
       p, blockIdx.y, row_tile, sched, [] {}, [&](const CtaWork& cw) { run_segment<Cfg>(p, cw, row_tile, tid, lane, g, h); });
 }
 

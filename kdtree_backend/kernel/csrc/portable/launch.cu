@@ -18,8 +18,9 @@ namespace {
 using Cfg = PortableConfig;
 constexpr int kSmemBytes = SmemLayout<Cfg>::kBytes;
 using Kernel = void (*)(KdtreeVerifyParams);
-const Kernel kKernels[] = {verify_attention_kernel<Cfg>};
-KernelFamily<Kernel, 1> g_kernels("the portable verify kernel", "", kSmemBytes, kKernels);
+// s1e: a launch of one request (no batch scan, no walk), and any batch (the last: the probe's).
+const Kernel kKernels[] = {verify_attention_kernel<Cfg, true>, verify_attention_kernel<Cfg, false>};
+KernelFamily<Kernel, 2> g_kernels("the portable verify kernel", "", kSmemBytes, kKernels);
 
 }  // namespace
 
@@ -30,7 +31,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   int rc = g_kernels.prepare(p, Cfg::kM, row_tiles, err, err_len);
   if (rc != KDTREE_OK) return rc;
   const dim3 grid(row_tiles, p.num_splits);  // (row tiles, parts): common/schedule.cuh
-  verify_attention_kernel<Cfg><<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
+  kKernels[p.batch == 1 ? 0 : 1]<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;
   if (p.num_splits > 1) {
