@@ -146,7 +146,8 @@ def diagnose(environ: Optional[Mapping[str, str]] = None) -> Tuple[List[Tuple[st
     for index, name, cap in probe.gpus:
         text = f"{index}: {name}, compute capability {cap[0]}.{cap[1]}"
         if lib is not None:
-            text += " (supported by the library)" if loader.supported_by(lib.built_archs, cap) else " (NOT supported by the library)"
+            code = lib.code_for(cap)
+            text += f" (supported by the library: {code.describe()})" if code else " (NOT supported by the library)"
             if kernel_choice is not None:
                 try:
                     text += f", kernel path: {resolve_kernel(kernel_choice, cap, has_hopper)}"

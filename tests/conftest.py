@@ -107,6 +107,7 @@ class FakeLibs:
     missing_symbol: Path  # lacks kdtree_verify_run
     wrong_abi: Path  # reports abi.ABI_VERSION + 1
     sm120_only: Path  # built for sm_120 only (an H200, 9.0, is not covered)
+    with_ptx: Path  # built for sm_90, sm_100, sm_120 + compute_120 PTX (the default build's shape)
     not_elf: Path  # a text file named like a library: dlopen fails
     missing: Path  # does not exist
 
@@ -133,14 +134,16 @@ def fake_libs(tmp_path_factory) -> FakeLibs:
         missing_symbol=d / "missing_symbol" / abi.LIB_FILENAME,
         wrong_abi=d / "wrong_abi" / abi.LIB_FILENAME,
         sm120_only=d / "sm120_only" / abi.LIB_FILENAME,
+        with_ptx=d / "with_ptx" / abi.LIB_FILENAME,
         not_elf=d / "not_elf" / abi.LIB_FILENAME,
         missing=d / "missing" / abi.LIB_FILENAME,
     )
-    for p in (libs.good, libs.missing_symbol, libs.wrong_abi, libs.sm120_only, libs.not_elf):
+    for p in (libs.good, libs.missing_symbol, libs.wrong_abi, libs.sm120_only, libs.with_ptx, libs.not_elf):
         p.parent.mkdir()
     _gcc(src, libs.good, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,120"')
     _gcc(src, libs.missing_symbol, f"-DFAKE_ABI_VERSION={v}", "-DOMIT_VERIFY_RUN")
     _gcc(src, libs.wrong_abi, f"-DFAKE_ABI_VERSION={v + 1}")
     _gcc(src, libs.sm120_only, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="120"')
+    _gcc(src, libs.with_ptx, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,100,120"', "-DFAKE_PTX_ARCH=120")
     libs.not_elf.write_text("this is a text file, not a shared library\n")
     return libs

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import clean_env
 
 
@@ -39,7 +41,7 @@ def test_validate_with_a_good_library_and_a_covered_gpu_is_ok(fake_libs):
     from kdtree_backend.kernel import abi
 
     assert f"loads: yes; version fake-for-tests; ABI {abi.ABI_VERSION}; built for sm_90, sm_120" in out
-    assert "compute capability 9.0 (supported by the library)" in out
+    assert "compute capability 9.0 (supported by the library: sm_90 code)" in out
     assert "kernel path: portable" in out  # the fake library has no Hopper kernel: auto -> portable
     assert "TEST MODE" in out
     assert "would be active (validate) on sglang.srt.layers.attention.triton_backend.TritonAttnBackend.forward_extend" in out
@@ -129,3 +131,28 @@ def test_doctor_runs_the_launchers_validation_of_every_variable(fake_libs):
         assert needle in proc.stdout and "cannot run here" in proc.stdout, proc.stdout
     proc = _doctor(clean_env(**base, KDTREE_VERIFIY="on"))
     assert proc.returncode == 0 and "KDTREE_VERIFIY is not a kdtree-backend variable" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("cap, runs", [
+    ("10.3", "(supported by the library: sm_100 code)"),  # B300: sm_100 SASS runs on 10.x
+    ("12.1", "(supported by the library: sm_120 code)"),
+    ("13.0", "(supported by the library: compute_120 PTX, JIT-compiled by the CUDA driver"),
+])
+def test_doctor_names_what_each_gpu_runs(fake_libs, cap, runs):
+    env = clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(fake_libs.with_ptx), KDTREE_TESTING="1",
+                    KDTREE_FAKE_GPU_CAPABILITY=cap)
+    proc = _doctor(env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "built for sm_90, sm_100, sm_120 + compute_120 PTX" in proc.stdout
+    assert f"compute capability {cap} {runs}" in proc.stdout
+    assert "kernel path: portable" in proc.stdout
+
+
+def test_doctor_refuses_a_gpu_that_neither_sass_nor_ptx_covers(fake_libs):
+    # 11.0 (Jetson Thor): no sm_11x SASS, and compute_120 PTX does not JIT for an older capability.
+    env = clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(fake_libs.with_ptx), KDTREE_TESTING="1",
+                    KDTREE_FAKE_GPU_CAPABILITY="11.0")
+    proc = _doctor(env)
+    assert proc.returncode == 1
+    assert "compute capability 11.0 (NOT supported by the library)" in proc.stdout
+    assert "--arch 90 --arch 100" in proc.stdout  # the build whose newest arch's PTX JITs there

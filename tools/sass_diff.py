@@ -180,6 +180,7 @@ def _cubin_jobs(calls: list[list[str]]) -> list[tuple[str, str, list[str]]]:
                 flags += [a, args[i + 1]]
                 i += 1
             i += 1
+        gencodes = [g for g in gencodes if re.search(r"code=sm_\w+", g)]  # PTX-only gencodes (code=compute_NN) have no SASS
         for src in sources:
             for g in gencodes:
                 jobs.append((src, g, flags))

@@ -27,6 +27,9 @@ REQUIRED_SYMBOLS = (
     "kdtree_verify_plan",
     "kdtree_verify_run",
 )
+# Symbols added within ABI 2: a library built before them lacks them and is read as if it said 0
+# (kdtree_ptx_arch: no embedded PTX).
+OPTIONAL_SYMBOLS = ("kdtree_ptx_arch",)
 
 # Kernel configurations (`config` in the structs below). PORTABLE is what sm_120 runs and what the
 # H200 tests select, so the path the first customer runs is the path we test.
@@ -100,6 +103,9 @@ def declare_signatures(cdll: ctypes.CDLL) -> None:
     cdll.kdtree_abi_version.argtypes = []
     cdll.kdtree_built_archs.restype = ctypes.c_char_p
     cdll.kdtree_built_archs.argtypes = []
+    if hasattr(cdll, "kdtree_ptx_arch"):
+        cdll.kdtree_ptx_arch.restype = ctypes.c_int
+        cdll.kdtree_ptx_arch.argtypes = []
     cdll.kdtree_library_version.restype = ctypes.c_char_p
     cdll.kdtree_library_version.argtypes = []
     cdll.kdtree_error_string.restype = ctypes.c_char_p

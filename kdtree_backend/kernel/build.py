@@ -1,7 +1,8 @@
 """Build the kernel library (`libkdtree_verify.so`) with nvcc, and check what was built.
 
-    python -m kdtree_backend.build                 # sm_90 + sm_120 into kdtree_backend/_lib/
-    python -m kdtree_backend.build --arch 90       # only what this H100/H200 needs
+    python -m kdtree_backend.build                 # sm_90, sm_100, sm_120 + compute_120 PTX into kdtree_backend/_lib/
+    python -m kdtree_backend.build --arch 90       # only what this H100/H200 needs (+ compute_90 PTX)
+    python -m kdtree_backend.build --no-ptx        # machine code only (no JIT fallback for newer GPUs)
     python -m kdtree_backend.build --check         # also fail on spills / missing archs
     python -m kdtree_backend.build --profiler      # diagnostics: milestone stamps (bench/diag/timeline.py)
 
@@ -9,6 +10,12 @@ The build is a plain nvcc command (no CMake, no torch extension): the library is
 ctypes, links the CUDA runtime statically and exports a C ABI (csrc/kdtree_api.h), so one .so
 works for any torch build on the machine. The compiler's resource report is parsed so that CI can
 refuse register spills and shared memory over sm_120's limit without a GPU.
+
+Besides machine code (SASS) for each arch, the library embeds the portable kernels' PTX for the
+newest arch built: a GPU newer than every SASS arch (compute capability >= that arch, e.g. 12.1 is
+covered by sm_120 SASS, a 13.x GPU by the PTX only) gets them JIT-compiled by the CUDA driver on
+first use. The library reports both (kdtree_built_archs, kdtree_ptx_arch), so the loader and
+doctor name what each GPU will run.
 """
 from __future__ import annotations
 
@@ -29,8 +36,10 @@ KERNEL_DIR = Path(__file__).resolve().parent
 PACKAGE_DIR = KERNEL_DIR.parent
 CSRC_DIR = KERNEL_DIR / "csrc"
 DEFAULT_OUTPUT = PACKAGE_DIR / "_lib" / abi.LIB_FILENAME
-DEFAULT_ARCHS = (90, 120)
-STRICT_SPILL_ARCHS = (120,)
+DEFAULT_ARCHS = (90, 100, 120)
+# Spills fail the build check here: sm_120 (the first customer's GPU, RTX PRO 6000) and sm_100
+# (B200: issue 25 asks the same checks of it). sm_90 runs the Hopper kernel by default.
+STRICT_SPILL_ARCHS = (100, 120)
 # The compute capabilities the kernels are written for (x10). Anything else fails at once, naming these,
 # instead of as hundreds of ptxas errors (the kernels need sm_90+ instructions and their shared memory).
 SUPPORTED_ARCHS = (90, 100, 120)
@@ -71,6 +80,7 @@ class BuildReport:
     command: list[str]
     resources: list[KernelResources]
     ptxas_log: str
+    ptx_arch: int = 0  # the arch whose PTX the library embeds (0: none)
 
     def spills(self, archs=None) -> list[str]:
         """Kernels with spills or a stack frame (on `archs`, default all)."""
@@ -86,7 +96,7 @@ class BuildReport:
         return out
 
     def problems(self) -> list[str]:
-        """What CI refuses: any spill on sm_120, the first customer's GPU (the issue's bar).
+        """What CI refuses: any spill on sm_120 (the first customer's GPU) or sm_100.
 
         Other archs' spills are reported as warnings (the portable configuration spills 8 B on
         sm_90 and is still faster there than the spill-free 16-key variant: docs/kernel/journal.md).
@@ -168,10 +178,17 @@ def _common_flags() -> list[str]:
     return ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-fvisibility=hidden", "-lineinfo", "-Xptxas", "-v"]
 
 
+def ptx_arch_for(archs: tuple[int, ...], ptx: bool = True) -> int:
+    """The arch whose PTX the library embeds: the newest one built (PTX JIT-compiles for that compute
+    capability and every later one), or 0 without PTX."""
+    return max(archs) if ptx else 0
+
+
 def api_object_command(nvcc: str, out_obj: Path, archs: tuple[int, ...], hopper: bool,
-                       extra: tuple[str, ...] = ()) -> list[str]:
+                       extra: tuple[str, ...] = (), ptx_arch: int = 0) -> list[str]:
     """Compile the C API as host C++ (`-x c++`: it holds no device code, so it adds no device image),
-    with the archs and the version it reports, and the Hopper dispatch when that kernel is built."""
+    with the archs, the PTX arch and the version it reports, and the Hopper dispatch when that kernel
+    is built."""
     lib_version = f"{_package_version()}+src.{source_digest()}"
     return [
         nvcc,
@@ -179,6 +196,7 @@ def api_object_command(nvcc: str, out_obj: Path, archs: tuple[int, ...], hopper:
         "c++",
         *_common_flags(),
         f'-DKDTREE_BUILT_ARCHS="{",".join(str(a) for a in archs)}"',
+        f"-DKDTREE_PTX_ARCH={ptx_arch}",
         f'-DKDTREE_LIBRARY_VERSION="{lib_version}"',
         *(["-DKDTREE_WITH_HOPPER"] if hopper else []),
         *extra,
@@ -195,10 +213,12 @@ def hopper_object_command(nvcc: str, out_obj: Path, extra: tuple[str, ...] = ())
 
 
 def nvcc_command(nvcc: str, out: Path, archs: tuple[int, ...], extra: tuple[str, ...] = (),
-                 objects: tuple[Path, ...] = ()) -> list[str]:
-    """The library: the portable kernels' translation unit for every arch, linked with `objects`
-    (the C API's, the Hopper kernel's)."""
+                 objects: tuple[Path, ...] = (), ptx_arch: int = 0) -> list[str]:
+    """The library: the portable kernels' translation unit for every arch (SASS) and, with
+    `ptx_arch`, that arch's PTX, linked with `objects` (the C API's, the Hopper kernel's)."""
     gencodes = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    if ptx_arch:
+        gencodes.append(f"-gencode=arch=compute_{ptx_arch},code=compute_{ptx_arch}")
     return [
         nvcc,
         *_common_flags(),
@@ -240,17 +260,19 @@ def parse_ptxas(log: str) -> list[KernelResources]:
 
 
 def build_library(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose: bool = False,
-                  check: bool = False, profiler: bool = False) -> Path:
+                  check: bool = False, profiler: bool = False, ptx: bool = True) -> Path:
     """Compile the library; returns its path. Raises BuildError with nvcc's output on failure."""
-    return build(out, archs, extra_flags=extra_flags, verbose=verbose, check=check, profiler=profiler).path
+    return build(out, archs, extra_flags=extra_flags, verbose=verbose, check=check, profiler=profiler, ptx=ptx).path
 
 
 def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose: bool = False,
-          check: bool = False, profiler: bool = False) -> BuildReport:
-    """Compile the library for `archs` (default 90 + 120). `profiler`: the diagnostics build, whose
+          check: bool = False, profiler: bool = False, ptx: bool = True) -> BuildReport:
+    """Compile the library for `archs` (default 90, 100, 120) with the newest one's PTX (`ptx`:
+    ptx_arch_for). `profiler`: the diagnostics build, whose
     Hopper kernel stamps its milestones and which exports kdtree_timeline_copy (csrc/common/profiler.cuh,
     bench/diag/timeline.py); never ship it. `extra_flags` go to every nvcc call."""
     archs = check_archs(archs or DEFAULT_ARCHS)
+    ptx_arch = ptx_arch_for(archs, ptx)
     nvcc = find_nvcc()
     if nvcc is None:
         raise BuildError("nvcc not found: install the CUDA toolkit (13.0 is tested) or set NVCC=/path/to/nvcc")
@@ -265,7 +287,7 @@ def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose:
     with tempfile.TemporaryDirectory(prefix="kdtree-build-") as objdir:
         hopper = with_hopper(archs)
         objects = [Path(objdir) / "kdtree_api.o"]
-        compiles = [api_object_command(nvcc, objects[0], archs, hopper, tuple(extra_flags))]
+        compiles = [api_object_command(nvcc, objects[0], archs, hopper, tuple(extra_flags), ptx_arch)]
         if hopper:
             objects.append(Path(objdir) / "hopper_launch.o")
             compiles.append(hopper_object_command(nvcc, objects[1], tuple(extra_flags)))
@@ -275,7 +297,7 @@ def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose:
             if proc.returncode != 0:
                 Path(tmp).unlink(missing_ok=True)
                 raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{' '.join(ccmd)}\n{log}")
-        cmd = nvcc_command(nvcc, Path(tmp), archs, tuple(extra_flags), tuple(objects))
+        cmd = nvcc_command(nvcc, Path(tmp), archs, tuple(extra_flags), tuple(objects), ptx_arch)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         log += proc.stdout + proc.stderr
     if proc.returncode != 0:
@@ -283,7 +305,7 @@ def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose:
         raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{' '.join(cmd)}\n{log}")
     os.chmod(tmp, 0o755)
     os.replace(tmp, out)
-    report = BuildReport(out, archs, cmd, parse_ptxas(log), log)
+    report = BuildReport(out, archs, cmd, parse_ptxas(log), log, ptx_arch)
     if verbose:
         print(" ".join(cmd))
         for r in report.resources:
@@ -297,6 +319,10 @@ def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose:
         missing = sorted(set(archs) - set(elf_archs(out) or archs))
         if missing:
             problems.append(f"archs missing from the fat binary: {missing}")
+        embedded = ptx_archs(out)
+        if embedded is not None and sorted(embedded) != ([ptx_arch] if ptx_arch else []):
+            problems.append(f"the fat binary's PTX is {embedded or 'none'}, the build asked for "
+                            f"{ptx_arch or 'none'}")
         if problems:
             raise BuildError("build check failed:\n  " + "\n  ".join(problems))
     return report
@@ -313,22 +339,44 @@ def elf_archs(path: Path | str) -> list[int] | None:
     return sorted({int(m) for m in re.findall(r"\.sm_(\d+)a?\.", proc.stdout)})
 
 
+def ptx_archs(path: Path | str) -> list[int] | None:
+    """PTX architectures inside the library's fat binary (None when cuobjdump is unavailable)."""
+    tool = find_cuobjdump()
+    if tool is None:
+        return None
+    proc = subprocess.run([tool, "--list-ptx", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        if "does not contain" in (proc.stdout + proc.stderr):
+            return []
+        raise BuildError(f"cuobjdump --list-ptx failed: {proc.stderr.strip()}")
+    return sorted({int(m) for m in re.findall(r"\.sm_(\d+)a?\.ptx", proc.stdout)})
+
+
+def describe(archs: tuple[int, ...], ptx_arch: int) -> str:
+    """"sm_90, sm_100, sm_120 + compute_120 PTX" (what a build holds)."""
+    text = ", ".join(f"sm_{a}" for a in archs)
+    return text + (f" + compute_{ptx_arch} PTX" if ptx_arch else "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdtree_backend.build", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help=f"output path (default {DEFAULT_OUTPUT})")
     ap.add_argument("--arch", type=int, action="append",
                     help=f"compute capability x10, one of {', '.join(map(str, SUPPORTED_ARCHS))} (repeatable)")
     ap.add_argument("--check", action="store_true", help="fail on spills, stack frames or missing archs")
+    ap.add_argument("--no-ptx", action="store_true",
+                    help="machine code only: no PTX of the newest arch for the driver to JIT-compile on newer GPUs")
     ap.add_argument("--profiler", action="store_true",
                     help="diagnostics build: milestone stamps + kdtree_timeline_copy (bench/diag/timeline.py); never ship it")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
-        report = build(args.out, args.arch, verbose=not args.quiet, check=args.check, profiler=args.profiler)
+        report = build(args.out, args.arch, verbose=not args.quiet, check=args.check, profiler=args.profiler,
+                       ptx=not args.no_ptx)
     except BuildError as e:
         print(f"kdtree-backend build: {e}", file=sys.stderr)
         return 1
-    print(f"built {report.path} for {', '.join('sm_%d' % a for a in report.archs)}")
+    print(f"built {report.path} for {describe(report.archs, report.ptx_arch)}")
     return 0
 
 

@@ -39,11 +39,16 @@ class KernelLibrary:
     cdll: ctypes.CDLL = field(repr=False)
     path: Path
     abi_version: int
-    built_archs: Tuple[int, ...]  # SASS compute capabilities, major*10+minor, e.g. (90, 120)
+    built_archs: Tuple[int, ...]  # SASS compute capabilities, major*10+minor, e.g. (90, 100, 120)
     version: str
+    ptx_arch: int = 0  # the portable kernels' embedded PTX (JIT-compiled on newer GPUs); 0: none
 
     def archs_text(self) -> str:
-        return ", ".join(f"sm_{a}" for a in self.built_archs) or "(none)"
+        text = ", ".join(f"sm_{a}" for a in self.built_archs) or "(none)"
+        return text + (f" + compute_{self.ptx_arch} PTX" if self.ptx_arch else "")
+
+    def code_for(self, capability: Tuple[int, int]) -> Optional["DeviceCode"]:
+        return code_for(self.built_archs, self.ptx_arch, capability)
 
 
 def default_library_path() -> Path:
@@ -90,6 +95,38 @@ def arch_runs_on(arch: int, capability: Tuple[int, int]) -> bool:
 
 def supported_by(archs: Sequence[int], capability: Tuple[int, int]) -> bool:
     return any(arch_runs_on(a, capability) for a in archs)
+
+
+def ptx_runs_on(ptx_arch: int, capability: Tuple[int, int]) -> bool:
+    """PTX for compute_XY JIT-compiles for every device of capability X.Y or newer."""
+    return ptx_arch > 0 and capability[0] * 10 + capability[1] >= ptx_arch
+
+
+@dataclass(frozen=True)
+class DeviceCode:
+    """What a GPU runs from the library: machine code built for `arch` (kind "sass"), or the PTX of
+    `arch` JIT-compiled by the CUDA driver on first use (kind "ptx")."""
+
+    kind: str
+    arch: int
+
+    def describe(self) -> str:
+        if self.kind == "sass":
+            return f"sm_{self.arch} code"
+        return (f"compute_{self.arch} PTX, JIT-compiled by the CUDA driver at the first kernel call "
+                f"(the portable kernel only; it can take minutes once, then the driver's compute cache "
+                f"holds it)")
+
+
+def code_for(archs: Sequence[int], ptx_arch: int, capability: Tuple[int, int]) -> Optional[DeviceCode]:
+    """The library's code for a GPU of `capability`: the newest SASS arch that runs on it, else its
+    PTX when that JIT-compiles there, else None (the GPU cannot run the library)."""
+    sass = [a for a in archs if arch_runs_on(a, capability)]
+    if sass:
+        return DeviceCode("sass", max(sass))
+    if ptx_runs_on(ptx_arch, capability):
+        return DeviceCode("ptx", ptx_arch)
+    return None
 
 
 @dataclass(frozen=True)
@@ -237,7 +274,15 @@ def load_library(
             path=p,
         ) from None
     version = (cdll.kdtree_library_version() or b"").decode(errors="replace")
-    lib = KernelLibrary(cdll=cdll, path=p, abi_version=lib_abi, built_archs=archs, version=version)
+    ptx_arch = int(cdll.kdtree_ptx_arch()) if hasattr(cdll, "kdtree_ptx_arch") else 0
+    if ptx_arch < 0:
+        raise KdtreeLibraryError(
+            f"kernel library {p} reports an unusable PTX arch {ptx_arch}",
+            f"rebuild it ({_BUILD_FIX}), {_OFF_FIX}",
+            path=p,
+        )
+    lib = KernelLibrary(cdll=cdll, path=p, abi_version=lib_abi, built_archs=archs, version=version,
+                        ptx_arch=ptx_arch)
 
     if check_devices:
         check_library_devices(lib, probe_gpus(environ).gpus)
@@ -245,18 +290,38 @@ def load_library(
 
 
 def check_library_devices(lib: KernelLibrary, gpus: Sequence[GpuInfo]) -> None:
-    """Raise KdtreeLibraryError when a GPU's compute capability has no kernel image in `lib`."""
+    """Raise KdtreeLibraryError when a GPU's compute capability has no kernel image in `lib`
+    (neither SASS that runs on it nor PTX that JIT-compiles for it)."""
     for index, name, cap in gpus:
-        if not supported_by(lib.built_archs, cap):
-            need = f"{cap[0]}{cap[1]}"
+        if lib.code_for(cap) is None:
             raise KdtreeLibraryError(
                 f"kernel library {lib.path} was built for {lib.archs_text()} but GPU {index} "
                 f"({name}) has compute capability {cap[0]}.{cap[1]} (needs sm_{cap[0]}x with "
-                f"x <= {cap[1]})",
-                f"rebuild the library including sm_{need} on this machine "
-                f"(`python -m kdtree_backend.build`), {_OFF_FIX}",
+                f"x <= {cap[1]}, or PTX of compute capability {cap[0]}.{cap[1]} or older)",
+                rebuild_fix(cap),
                 path=lib.path,
             )
+
+
+# The compute capabilities (x10) the kernels build for: kernel/build.py's SUPPORTED_ARCHS (a test
+# keeps the two equal; the loader does not import the build module).
+BUILDABLE_ARCHS = (90, 100, 120)
+
+
+def rebuild_fix(cap: Tuple[int, int]) -> str:
+    """How to get code for a GPU of `cap`: the build arch whose SASS runs there, else the PTX of
+    the newest buildable arch at or below it, else none (older than the kernels' sm_90 floor)."""
+    sass = [a for a in BUILDABLE_ARCHS if arch_runs_on(a, cap)]
+    if sass:
+        return (f"rebuild the library including sm_{max(sass)} on this machine "
+                f"(`python -m kdtree_backend.build`), {_OFF_FIX}")
+    ptx = [a for a in BUILDABLE_ARCHS if ptx_runs_on(a, cap)]
+    if ptx:
+        flags = " ".join(f"--arch {a}" for a in BUILDABLE_ARCHS if a <= max(ptx))
+        return (f"rebuild the library with the PTX of compute_{max(ptx)}, the newest arch of the build "
+                f"(`python -m kdtree_backend.build {flags}`; the driver JIT-compiles it for this GPU), {_OFF_FIX}")
+    return (f"the kernels need compute capability 9.0 or newer (they build for "
+            f"{', '.join(f'sm_{a}' for a in BUILDABLE_ARCHS)}); set {ENV_MODE}=off on this GPU")
 
 
 _cached: Optional[KernelLibrary] = None
@@ -296,5 +361,10 @@ __all__ = [
     "parse_archs",
     "arch_runs_on",
     "supported_by",
+    "ptx_runs_on",
+    "code_for",
+    "DeviceCode",
+    "rebuild_fix",
+    "BUILDABLE_ARCHS",
     "ENV_TESTING",
 ]

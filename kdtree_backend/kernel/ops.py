@@ -88,6 +88,7 @@ def library_info() -> dict:
     return {
         "abi_version": lib.kdtree_abi_version(),
         "built_archs": lib.kdtree_built_archs().decode(),
+        "ptx_arch": int(lib.kdtree_ptx_arch()) if hasattr(lib, "kdtree_ptx_arch") else 0,
         "version": lib.kdtree_library_version().decode(),
     }
 
@@ -99,11 +100,13 @@ def probe_device(device: torch.device | int) -> str:
     buf = ctypes.create_string_buffer(512)
     rc = lib.kdtree_probe_device(index, buf, len(buf))
     if rc != 0:
+        from kdtree_backend.kernel.loader import rebuild_fix  # noqa: PLC0415
+
         cap = torch.cuda.get_device_capability(index)
         raise KdtreeLibraryError(
             f"the kernel library cannot run on GPU {index} (compute capability {cap[0]}.{cap[1]}): "
             f"{buf.value.decode(errors='replace')}",
-            f"rebuild it for this GPU with `python -m kdtree_backend.build --arch {cap[0]}{cap[1]}`, or {_OFF_FIX}",
+            rebuild_fix(tuple(cap)),
         )
     return buf.value.decode(errors="replace")
 

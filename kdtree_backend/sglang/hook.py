@@ -100,6 +100,20 @@ def _kernel_path() -> str:
     return "none (no GPU)"
 
 
+def _device_code() -> str:
+    """What this process's GPU runs from the library: "sm_120 code", or the PTX the driver JIT-compiles
+    (loader.code_for), for the start-up event."""
+    try:
+        if torch.cuda.is_available():
+            from kdtree_backend.kernel import loader
+
+            code = loader.get_library().code_for(tuple(torch.cuda.get_device_capability()))
+            return code.describe() if code is not None else "none"
+    except Exception as e:  # the first kernel call raises the same error, loudly
+        return f"unavailable: {e}"
+    return "none (no GPU)"
+
+
 def _library_text() -> str:
     try:
         from kdtree_backend.kernel import loader
@@ -127,6 +141,7 @@ def _startup(state: _State) -> None:
         library=_library_text(),
         arch=arch,
         kernel=_kernel_path(),
+        code=_device_code(),
         sglang_version=sglang_version,
         pid=os.getpid(),
         sample_rate=state.settings.sample_rate,

@@ -6,7 +6,7 @@ fights SGLang, which owns stdlib logging (`logging.basicConfig(force=True)`); th
 through SGLang's handlers at SGLang's level. Events:
 
 * `kdtree_startup`: once per process, at the hook's first call (mode, library, arch, kernel path,
-  versions).
+  the library's code the GPU runs (`code`: "sm_120 code", or PTX the driver JIT-compiles), versions).
 * `kdtree_fallback`: the first occurrence of each fallback reason in the process.
 * `kdtree_validation_exceeded`: a validation outside tolerance, with layer, shapes and the worst
   element; rate-limited (`suppressed` counts the events dropped since the previous one).

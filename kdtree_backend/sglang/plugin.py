@@ -364,12 +364,18 @@ def register() -> None:
         kernel_choice = read_settings().kernel
         version = check_sglang_version()
         lib = loader.get_library()
+        # GPUs that no SASS arch of the library covers run the portable kernel from its PTX: say so.
+        jit_gpus = [(i, name, cap, code) for i, name, cap in loader.probe_gpus().gpus
+                    for code in [lib.code_for(cap)] if code is not None and code.kind == "ptx"]
         _armed_mode = mode
         _install_hooks()
     except Exception as err:  # anything would be swallowed by load_plugins(): stop here
         _fail(err)
     for warning in unknown_variables():
         _startup_line(f"kdtree-backend: {warning}")
+    for index, name, cap, code in jit_gpus:
+        _startup_line(f"kdtree-backend: GPU {index} ({name}, compute capability {cap[0]}.{cap[1]}) has no machine "
+                      f"code in the kernel library; it runs {code.describe()}")
     _startup_line(
         f"kdtree-backend {kdtree_backend.__version__}: {ENV_MODE}={mode.value}, hook installed on "
         f"{TARGET} (sglang {version}; KDTREE_KERNEL={kernel_choice}; kernel library {lib.path}, "

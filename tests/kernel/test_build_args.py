@@ -44,6 +44,7 @@ def test_profiler_flag_requests_the_diagnostics_build(monkeypatch, tmp_path):
     class _Report:
         path = tmp_path / "lib.so"
         archs = (90,)
+        ptx_arch = 90
 
     def fake_build(out, archs, **kw):
         seen.update(kw, archs=archs)
@@ -53,5 +54,7 @@ def test_profiler_flag_requests_the_diagnostics_build(monkeypatch, tmp_path):
     assert build.main(["--profiler", "--arch", "90", "--quiet"]) == 0
     assert seen["profiler"] is True and seen["archs"] == [90]
     assert build.main(["--quiet"]) == 0
-    assert seen["profiler"] is False
+    assert seen["profiler"] is False and seen["ptx"] is True
+    assert build.main(["--quiet", "--no-ptx"]) == 0
+    assert seen["ptx"] is False
     assert build.PROFILER_FLAGS == ("-DKDTREE_PROFILER",)

@@ -1,6 +1,7 @@
-"""The kernel library builds on a CPU machine (nvcc only) for sm_90 and sm_120, with no register
-spills on sm_120, the shared memory within sm_120's limit (a static_assert in the source), and a
-C ABI that matches kdtree_backend/kernel/abi.py. Runs in CI; skipped where nvcc is absent."""
+"""The kernel library builds on a CPU machine (nvcc only) for sm_90, sm_100 and sm_120 with the
+portable kernels' compute_120 PTX, with no register spills on sm_120 and sm_100, the shared memory
+within sm_120's limit (a static_assert in the source), and a C ABI that matches
+kdtree_backend/kernel/abi.py. Runs in CI; skipped where nvcc is absent."""
 from __future__ import annotations
 
 import ctypes
@@ -19,20 +20,32 @@ def report(tmp_path_factory):
     return build.build(out, check=True)
 
 
-def test_both_archs_in_the_fat_binary(report):
-    assert report.archs == (90, 120)
+def test_every_arch_and_the_newest_ptx_in_the_fat_binary(report):
+    assert report.archs == (90, 100, 120) and report.ptx_arch == 120
     archs = build.elf_archs(report.path)
     if archs is None:
         pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to list the fat binary")
-    assert {90, 120} <= set(archs)
+    assert set(archs) == {90, 100, 120}  # sm_90a (Hopper kernel) lists as 90
+    assert build.ptx_archs(report.path) == [120]
 
 
-def test_no_spills_on_sm120_and_every_kernel_reported(report):
+def test_no_spills_on_sm120_and_sm100_and_every_kernel_reported(report):
     kernels = {(r.arch, "verify_attention" in r.kernel) for r in report.resources}
-    assert {(90, True), (120, True), (90, False), (120, False)} <= kernels
+    assert {(a, k) for a in (90, 100, 120) for k in (True, False)} <= kernels
     assert report.problems() == []
-    sm120 = [r for r in report.resources if r.arch == 120]
-    assert all(r.spill_loads == r.spill_stores == r.stack_bytes == 0 for r in sm120)
+    strict = [r for r in report.resources if r.arch in (100, 120)]
+    assert {r.arch for r in strict} == {100, 120} == set(build.STRICT_SPILL_ARCHS)
+    assert all(r.spill_loads == r.spill_stores == r.stack_bytes == 0 for r in strict)
+
+
+def test_build_without_ptx_embeds_none_and_reports_zero(tmp_path):
+    rep = build.build(tmp_path / abi.LIB_FILENAME, archs=(120,), ptx=False, check=True)
+    assert rep.ptx_arch == 0 and not any("code=compute_" in a for a in rep.command)
+    lib = ctypes.CDLL(str(rep.path))
+    abi.declare_signatures(lib)
+    assert lib.kdtree_ptx_arch() == 0 and lib.kdtree_built_archs().decode() == "120"
+    if build.find_cuobjdump() is not None:
+        assert build.ptx_archs(rep.path) == []
 
 
 def test_hopper_kernel_built_for_sm90a_without_spills_or_wgmma_serialisation(report):
@@ -95,7 +108,8 @@ def test_c_abi_matches_python_mirror(report):
     lib = ctypes.CDLL(str(report.path))
     abi.declare_signatures(lib)
     assert lib.kdtree_abi_version() == abi.ABI_VERSION
-    assert lib.kdtree_built_archs().decode() == "90,120"
+    assert lib.kdtree_built_archs().decode() == "90,100,120"
+    assert lib.kdtree_ptx_arch() == 120
     # kdtree_api.cu static_asserts the same sizes on the C side.
     assert ctypes.sizeof(abi.VerifyParams) == 184
     assert ctypes.sizeof(abi.VerifyPlan) == 32
@@ -287,7 +301,7 @@ def test_release_sources_have_no_experiment_switches():
     import re
 
     allowed = {"KDTREE_WITH_HOPPER", "__CUDA_ARCH__", "__cplusplus"}
-    per_file = {"kdtree_api.cu": {"KDTREE_BUILT_ARCHS", "KDTREE_LIBRARY_VERSION"}, "common/profiler.cuh": {"KDTREE_PROFILER"}}
+    per_file = {"kdtree_api.cu": {"KDTREE_BUILT_ARCHS", "KDTREE_PTX_ARCH", "KDTREE_LIBRARY_VERSION"}, "common/profiler.cuh": {"KDTREE_PROFILER"}}
     found = {}
     for path in build.source_files():
         rel = path.relative_to(build.CSRC_DIR).as_posix()

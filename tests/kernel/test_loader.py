@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import shutil
 
@@ -50,6 +51,51 @@ def test_parse_archs_rejects(text):
 )
 def test_arch_runs_on(arch, cap, runs):
     assert loader.arch_runs_on(arch, cap) is runs
+
+
+@pytest.mark.parametrize(
+    "archs, ptx, cap, expect",
+    [((90, 100, 120), 120, (9, 0), ("sass", 90)), ((90, 100, 120), 120, (10, 3), ("sass", 100)),
+     ((90, 100, 120), 120, (12, 1), ("sass", 120)), ((90, 100, 120), 120, (13, 0), ("ptx", 120)),
+     ((90, 100, 120), 120, (11, 0), None), ((90, 100, 120), 120, (8, 9), None),
+     ((90, 120), 0, (13, 0), None), ((90,), 90, (12, 0), ("ptx", 90)), ((90,), 90, (8, 6), None)],
+)
+def test_code_for_prefers_sass_then_ptx(archs, ptx, cap, expect):
+    code = loader.code_for(archs, ptx, cap)
+    assert (None if code is None else (code.kind, code.arch)) == expect
+
+
+def test_loader_buildable_archs_are_the_build_modules():
+    from kdtree_backend.kernel import build
+
+    assert loader.BUILDABLE_ARCHS == build.SUPPORTED_ARCHS
+
+
+@pytest.mark.parametrize("cap, fix", [
+    ((10, 3), "including sm_100"), ((13, 0), "PTX of compute_120"),
+    ((11, 0), "--arch 90 --arch 100"), ((8, 6), "compute capability 9.0 or newer"),
+])
+def test_rebuild_fix_names_what_would_cover_the_gpu(cap, fix):
+    assert fix in loader.rebuild_fix(cap)
+
+
+def test_library_with_ptx_covers_newer_gpus(fake_libs):
+    env = {ENV_TESTING: "1", ENV_FAKE_GPU_CAPABILITY: "9.0,10.0,12.0,13.0"}
+    lib = loader.load_library(fake_libs.with_ptx, environ=env)
+    assert lib.built_archs == (90, 100, 120) and lib.ptx_arch == 120
+    assert lib.archs_text() == "sm_90, sm_100, sm_120 + compute_120 PTX"
+    assert lib.code_for((13, 0)).kind == "ptx" and "JIT" in lib.code_for((13, 0)).describe()
+    with pytest.raises(KdtreeLibraryError) as info:
+        loader.load_library(fake_libs.with_ptx, environ={ENV_TESTING: "1", ENV_FAKE_GPU_CAPABILITY: "11.0"})
+    assert "compute capability 11.0" in str(info.value) and "compute_120 PTX" in str(info.value)
+
+
+def test_library_without_the_ptx_symbol_reads_as_no_ptx(fake_libs):
+    # A library built before kdtree_ptx_arch existed (same ABI): no PTX, so a 13.0 GPU is refused.
+    lib = loader.load_library(fake_libs.good, check_devices=False, environ={ENV_TESTING: "1"})
+    assert lib.ptx_arch == 0 and lib.archs_text() == "sm_90, sm_120"
+    with pytest.raises(KdtreeLibraryError, match="13.0"):
+        loader.check_library_devices(lib, [(0, "fake", (13, 0))])
 
 
 def test_good_fake_library_loads(fake_libs):
@@ -192,10 +238,14 @@ def test_real_library_built_by_nvcc_loads(tmp_path):
     assert lib.version
     for name in abi.REQUIRED_SYMBOLS:
         assert hasattr(lib.cdll, name)
-    # and the device check: an H200 (9.0) is covered, an RTX PRO 6000 (12.0) is not
+    # and the device check: an H200 (9.0) runs the sm_90 code; an RTX PRO 6000 (12.0) only the
+    # embedded compute_90 PTX (JIT), and nothing without it
+    assert lib.ptx_arch == 90
     loader.check_library_devices(lib, [(0, "H200", (9, 0))])
+    assert lib.code_for((9, 0)).kind == "sass" and lib.code_for((12, 0)).kind == "ptx"
+    loader.check_library_devices(lib, [(0, "RTX PRO 6000", (12, 0))])
     with pytest.raises(KdtreeLibraryError, match="compute capability 12.0"):
-        loader.check_library_devices(lib, [(0, "RTX PRO 6000", (12, 0))])
+        loader.check_library_devices(dataclasses.replace(lib, ptx_arch=0), [(0, "RTX PRO 6000", (12, 0))])
 
 
 # --- on a GPU machine ----------------------------------------------------------------------------

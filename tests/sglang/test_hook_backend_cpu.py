@@ -546,6 +546,7 @@ def test_startup_event_and_build_info(env, records):
     e = ev[0]
     assert e["mode"] == "validate" and e["arch"] == "cpu" and e["sglang_version"] == "0.5.23"
     assert e["kernel"] == "none (no GPU)"  # on a GPU: "hopper" or "portable" (KDTREE_KERNEL resolved)
+    assert e["code"] == "none (no GPU)"  # on a GPU: "sm_90 code", or the PTX the driver JIT-compiles
     assert "library" in e and e["pid"] == os.getpid()
     import kdtree_backend
 

@@ -245,3 +245,16 @@ def test_broken_library_stops_plain_sglang_launch_server(fake_libs, tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert "has ABI version" in last and str(fake_libs.wrong_abi) in last
     assert "no-model" not in proc.stderr  # SGLang never got to its arguments
+
+
+def test_plugin_names_a_gpu_that_runs_the_jit_compiled_ptx(fake_libs):
+    # A GPU newer than every SASS arch of the library (13.0) runs the portable kernel from its
+    # compute_120 PTX: the plugin's start-up says so, per GPU; a GPU with SASS (12.0) gets no line.
+    env = clean_env(KDTREE_TESTING="1", KDTREE_FAKE_GPU_CAPABILITY="12.0,13.0", KDTREE_VERIFY="on",
+                    KDTREE_LIB=str(fake_libs.with_ptx))
+    proc = run_python("from sglang.srt.plugins import load_plugins; load_plugins()", env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "has no machine code in the kernel library" in ln]
+    assert len(lines) == 1 and "GPU 1" in lines[0] and "compute capability 13.0" in lines[0], proc.stderr[-3000:]
+    assert "compute_120 PTX, JIT-compiled by the CUDA driver" in lines[0]
+    assert "sm_90, sm_100, sm_120 + compute_120 PTX" in proc.stderr

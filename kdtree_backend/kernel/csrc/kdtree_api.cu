@@ -16,6 +16,9 @@
 #ifndef KDTREE_BUILT_ARCHS
 #error "build with -DKDTREE_BUILT_ARCHS=\"90,120\" (kdtree_backend/kernel/build.py does)"
 #endif
+#ifndef KDTREE_PTX_ARCH
+#error "build with -DKDTREE_PTX_ARCH=120 (or 0 without PTX; kdtree_backend/kernel/build.py does)"
+#endif
 #ifndef KDTREE_LIBRARY_VERSION
 #define KDTREE_LIBRARY_VERSION "unknown"
 #endif
@@ -48,6 +51,8 @@ extern "C" {
 int kdtree_abi_version(void) { return KDTREE_ABI_VERSION; }
 
 const char* kdtree_built_archs(void) { return KDTREE_BUILT_ARCHS; }
+
+int kdtree_ptx_arch(void) { return KDTREE_PTX_ARCH; }
 
 const char* kdtree_library_version(void) { return KDTREE_LIBRARY_VERSION; }
 

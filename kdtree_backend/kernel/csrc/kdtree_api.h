@@ -89,6 +89,10 @@ enum KdtreeStatus {
 KDTREE_API int kdtree_abi_version(void);
 // Comma-separated compute capabilities (major*10+minor) with SASS in this binary, e.g. "90,120".
 KDTREE_API const char* kdtree_built_archs(void);
+// The compute capability (major*10+minor) whose PTX of the portable kernels this binary embeds, for
+// the CUDA driver to JIT-compile on a GPU of that capability or newer that no SASS arch covers;
+// 0 when it embeds none. (Added within ABI 2: a loader treats a library without it as "none".)
+KDTREE_API int kdtree_ptx_arch(void);
 KDTREE_API const char* kdtree_library_version(void);
 // The calling thread's last error, with detail (CUDA's message, the bad argument).
 KDTREE_API const char* kdtree_error_string(int code);
