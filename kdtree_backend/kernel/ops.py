@@ -211,8 +211,10 @@ def _get_plan(lib, device_index: int, stream_ptr: int, batch: int, heads: int, m
         if rc != 0:
             raise KernelInputError(f"verify_attention: {lib.kdtree_error_string(rc).decode(errors='replace')}")
         ws_bytes = c_plan.workspace_bytes
+        # Zeroed, once per plan: a library whose verify kernel merges in-kernel (journal s2) keeps
+        # counters in the workspace's tail that must start at zero (every launch leaves them zero).
         workspace = (
-            torch.empty(ws_bytes, dtype=torch.uint8, device=torch.device("cuda", device_index)) if ws_bytes else None
+            torch.zeros(ws_bytes, dtype=torch.uint8, device=torch.device("cuda", device_index)) if ws_bytes else None
         )
         plan = _Plan(c_plan, workspace)
         _plans[key] = plan
