@@ -389,3 +389,22 @@ def test_diagnostic_scripts_get_through_their_imports(script, option):
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "diag" / script), "--help"], capture_output=True,
                        text=True, timeout=300, env=clean_env(), cwd=ROOT)
     assert r.returncode == 0 and option in r.stdout, r.stdout[-2000:] + r.stderr[-4000:]
+
+
+def test_driver_keeps_ab_libraries_between_calls_and_out_of_the_logs(tmp_path):
+    """A warm machine's work directory: an earlier call's logs are removed, the libraries `ab` built
+    (lib_NAME.so) stay for a later call's lib=, and no library goes into logs.tar.gz."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _fake_tool(bindir, "compute-sanitizer", 'echo "========= RACECHECK SUMMARY: 0 hazards displayed"\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "lib_s2.so").write_bytes(b"\x7fELF not really")
+    (work / "old-step.log").write_text("from an earlier call\n")
+    r, out = _run_driver(tmp_path, bindir, "sanitize", "hopper")
+    assert (work / "lib_s2.so").exists(), r.stdout + r.stderr
+    assert not (work / "old-step.log").exists()
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert "lib_s2.so" not in names and "run.json" in names
+

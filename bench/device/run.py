@@ -22,7 +22,8 @@ A step name starts a step and the words after it, up to the next step name, are 
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV
   ab NAME=LIB ... [paths=P]    the smoke shapes timed with variant libraries against this checkout's
                                build: LIB is a built .so, or a directory holding another checkout
-                               (built here); geometric-mean time ratio per variant and path
+                               (built into WORK/lib_NAME.so, which later calls keep while the
+                               machine stays warm); geometric-mean time ratio per variant and path
 
 PATHS is hopper, portable, hopper,portable (or both); hopper is dropped on a GPU that is not
 compute capability 9.0. Any step takes `lib=FILE` (KDTREE_LIB for its commands); profile takes
@@ -477,6 +478,12 @@ def run_command(c: Command, ctx: Context, timeout: float) -> dict:
     return res
 
 
+def is_variant_library(path: Path) -> bool:
+    """A library `ab` built (WORK/lib_NAME.so): kept for the next call while the machine stays warm
+    (a later call's `lib=/tmp/kdtree-device/lib_NAME.so` finds it), never put in logs.tar.gz."""
+    return path.name.startswith("lib_") and path.suffix == ".so"
+
+
 def bundle(ctx: Context, doc: dict) -> None:
     """run.json and logs.tar.gz into $OUT (rewritten after every step: a run killed later keeps them)."""
     (ctx.work / "run.json").write_text(json.dumps(doc, indent=1))
@@ -484,7 +491,7 @@ def bundle(ctx: Context, doc: dict) -> None:
     tmp = ctx.out / ".logs.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
         for p in sorted(ctx.work.iterdir()):
-            if p.is_file() and not p.name.endswith(".ncu-rep"):
+            if p.is_file() and not p.name.endswith(".ncu-rep") and not is_variant_library(p):
                 tar.add(p, arcname=p.name)
     tmp.replace(ctx.out / "logs.tar.gz")
 
@@ -497,7 +504,7 @@ def run(steps: list, ctx: Context, budget: float, argv: list) -> int:
     if not ctx.dry_run:
         ctx.work.mkdir(parents=True, exist_ok=True)
         for old in ctx.work.iterdir():  # an earlier call's logs on a machine kept warm
-            if old.is_file():
+            if old.is_file() and not is_variant_library(old):
                 old.unlink()
         ctx.out.mkdir(parents=True, exist_ok=True)
         doc["gpu"] = _nvidia_smi("name,driver_version,compute_cap,clocks.max.sm,power.limit")
