@@ -328,28 +328,28 @@ def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose:
     return report
 
 
-def elf_archs(path: Path | str) -> list[int] | None:
-    """SASS architectures inside the library's fat binary (None when cuobjdump is unavailable)."""
+def _listed_archs(path: Path | str, what: str, pattern: str) -> list[int] | None:
+    """The archs `cuobjdump --list-<what>` names in the library's fat binary (None when cuobjdump is
+    unavailable; [] when it holds none of that kind)."""
     tool = find_cuobjdump()
     if tool is None:
         return None
-    proc = subprocess.run([tool, "--list-elf", str(path)], capture_output=True, text=True)
+    proc = subprocess.run([tool, f"--list-{what}", str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise BuildError(f"cuobjdump --list-elf failed: {proc.stderr.strip()}")
-    return sorted({int(m) for m in re.findall(r"\.sm_(\d+)a?\.", proc.stdout)})
+        if "does not contain" in (proc.stdout + proc.stderr):
+            return []
+        raise BuildError(f"cuobjdump --list-{what} failed: {proc.stderr.strip()}")
+    return sorted({int(m) for m in re.findall(pattern, proc.stdout)})
+
+
+def elf_archs(path: Path | str) -> list[int] | None:
+    """SASS architectures inside the library's fat binary (None when cuobjdump is unavailable)."""
+    return _listed_archs(path, "elf", r"\.sm_(\d+)a?\.")
 
 
 def ptx_archs(path: Path | str) -> list[int] | None:
     """PTX architectures inside the library's fat binary (None when cuobjdump is unavailable)."""
-    tool = find_cuobjdump()
-    if tool is None:
-        return None
-    proc = subprocess.run([tool, "--list-ptx", str(path)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        if "does not contain" in (proc.stdout + proc.stderr):
-            return []
-        raise BuildError(f"cuobjdump --list-ptx failed: {proc.stderr.strip()}")
-    return sorted({int(m) for m in re.findall(r"\.sm_(\d+)a?\.ptx", proc.stdout)})
+    return _listed_archs(path, "ptx", r"\.sm_(\d+)a?\.ptx")
 
 
 def describe(archs: tuple[int, ...], ptx_arch: int) -> str:
