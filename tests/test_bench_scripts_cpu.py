@@ -381,6 +381,28 @@ def test_device_probe_compiles_for_sm90a(tmp_path, probe):
     assert "spill stores" in r.stderr and " 0 bytes spill stores" in r.stderr, r.stderr[-3000:]
 
 
+def test_p14_register_probe_shows_the_role_budgets(tmp_path):
+    """Journal p14's numbers, from ptxas: with setmaxnreg the PV role needs more than 152 registers
+    (spills there) and the QK role fits 192 with the PV role at 160 (one SM's 65,536 at 384 threads;
+    0 spills on sm_90a). Compile only."""
+    from kdtree_backend.kernel.build import find_nvcc
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found (the kernel build tests skip too)")
+
+    def spill_bytes(arch, qk, pv):
+        r = subprocess.run([nvcc, f"-arch={arch}", "-DSETMAXNREG", f'-DQKREG="{qk}"', f'-DPVREG="{pv}"', "-cubin",
+                            "-o", str(tmp_path / "p.cubin"), str(ROOT / "bench" / "diag" / "p14_register_probe.cu"),
+                            "-Xptxas", "-v"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "warning" not in r.stderr.lower(), r.stderr[-3000:]
+        return int(re.search(r"(\d+) bytes spill stores", r.stderr).group(1))
+
+    assert 4 * 32 * 192 + 8 * 32 * 160 == 65536
+    assert spill_bytes("sm_90a", 192, 160) == 0
+    assert spill_bytes("sm_120a", 192, 152) > 0
+
+
 @pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("call_series.py", "--gap-ms"),
                                            ("kernel_times.py", "--calls"), ("smoke.py", "--profile-shape")])
 def test_diagnostic_scripts_get_through_their_imports(script, option):
