@@ -27,9 +27,6 @@ REQUIRED_SYMBOLS = (
     "kdtree_verify_plan",
     "kdtree_verify_run",
 )
-# Symbols added within ABI 2: a library built before them lacks them and is read as if it said 0
-# (kdtree_ptx_arch: no embedded PTX).
-OPTIONAL_SYMBOLS = ("kdtree_ptx_arch",)
 
 # Kernel configurations (`config` in the structs below). PORTABLE is what sm_120 runs and what the
 # H200 tests select, so the path the first customer runs is the path we test.
@@ -103,6 +100,7 @@ def declare_signatures(cdll: ctypes.CDLL) -> None:
     cdll.kdtree_abi_version.argtypes = []
     cdll.kdtree_built_archs.restype = ctypes.c_char_p
     cdll.kdtree_built_archs.argtypes = []
+    # Added within ABI 2: a library built before it lacks it, and the loader reads that as no PTX.
     if hasattr(cdll, "kdtree_ptx_arch"):
         cdll.kdtree_ptx_arch.restype = ctypes.c_int
         cdll.kdtree_ptx_arch.argtypes = []
@@ -123,6 +121,12 @@ def declare_signatures(cdll: ctypes.CDLL) -> None:
     ]
     cdll.kdtree_verify_run.restype = ctypes.c_int
     cdll.kdtree_verify_run.argtypes = [ctypes.POINTER(VerifyParams), ctypes.c_void_p]
+
+
+def archs_text(built_archs, ptx_arch: int) -> str:
+    """What a library holds, for people: "sm_90, sm_100, sm_120 + compute_120 PTX"."""
+    text = ", ".join(f"sm_{a}" for a in built_archs) or "(none)"
+    return text + (f" + compute_{ptx_arch} PTX" if ptx_arch else "")
 
 
 def library_has_hopper(cdll) -> bool:

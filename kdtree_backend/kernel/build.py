@@ -352,12 +352,6 @@ def ptx_archs(path: Path | str) -> list[int] | None:
     return _listed_archs(path, "ptx", r"\.sm_(\d+)a?\.ptx")
 
 
-def describe(archs: tuple[int, ...], ptx_arch: int) -> str:
-    """"sm_90, sm_100, sm_120 + compute_120 PTX" (what a build holds)."""
-    text = ", ".join(f"sm_{a}" for a in archs)
-    return text + (f" + compute_{ptx_arch} PTX" if ptx_arch else "")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kdtree_backend.build", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help=f"output path (default {DEFAULT_OUTPUT})")
@@ -376,7 +370,7 @@ def main(argv=None) -> int:
     except BuildError as e:
         print(f"kdtree-backend build: {e}", file=sys.stderr)
         return 1
-    print(f"built {report.path} for {describe(report.archs, report.ptx_arch)}")
+    print(f"built {report.path} for {abi.archs_text(report.archs, report.ptx_arch)}")
     return 0
 
 

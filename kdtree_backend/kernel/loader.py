@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from kdtree_backend.kernel import abi
+# The compute capabilities (x10) the kernels build for: the build module's list (it imports only abi).
+from kdtree_backend.kernel.build import SUPPORTED_ARCHS as BUILDABLE_ARCHS
 from kdtree_backend.config import (
     ENV_FAKE_GPU_CAPABILITY,
     ENV_LIB,
@@ -44,8 +46,7 @@ class KernelLibrary:
     ptx_arch: int = 0  # the portable kernels' embedded PTX (JIT-compiled on newer GPUs); 0: none
 
     def archs_text(self) -> str:
-        text = ", ".join(f"sm_{a}" for a in self.built_archs) or "(none)"
-        return text + (f" + compute_{self.ptx_arch} PTX" if self.ptx_arch else "")
+        return abi.archs_text(self.built_archs, self.ptx_arch)
 
     def code_for(self, capability: Tuple[int, int]) -> Optional["DeviceCode"]:
         return code_for(self.built_archs, self.ptx_arch, capability)
@@ -91,10 +92,6 @@ def arch_runs_on(arch: int, capability: Tuple[int, int]) -> bool:
     """SASS built for sm_XY runs on devices of major X with minor >= Y."""
     major, minor = capability
     return arch // 10 == major and arch % 10 <= minor
-
-
-def supported_by(archs: Sequence[int], capability: Tuple[int, int]) -> bool:
-    return any(arch_runs_on(a, capability) for a in archs)
 
 
 def ptx_runs_on(ptx_arch: int, capability: Tuple[int, int]) -> bool:
@@ -303,9 +300,6 @@ def check_library_devices(lib: KernelLibrary, gpus: Sequence[GpuInfo]) -> None:
             )
 
 
-# The compute capabilities (x10) the kernels build for: kernel/build.py's SUPPORTED_ARCHS (a test
-# keeps the two equal; the loader does not import the build module).
-BUILDABLE_ARCHS = (90, 100, 120)
 
 
 def rebuild_fix(cap: Tuple[int, int]) -> str:
@@ -360,7 +354,6 @@ __all__ = [
     "check_library_devices",
     "parse_archs",
     "arch_runs_on",
-    "supported_by",
     "ptx_runs_on",
     "code_for",
     "DeviceCode",

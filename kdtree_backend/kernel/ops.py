@@ -84,12 +84,14 @@ def kernel_available() -> bool:
 
 
 def library_info() -> dict:
-    lib = _cdll()
+    from kdtree_backend.kernel.loader import get_library  # noqa: PLC0415
+
+    lib = get_library()  # what the loader read and checked
     return {
-        "abi_version": lib.kdtree_abi_version(),
-        "built_archs": lib.kdtree_built_archs().decode(),
-        "ptx_arch": int(lib.kdtree_ptx_arch()) if hasattr(lib, "kdtree_ptx_arch") else 0,
-        "version": lib.kdtree_library_version().decode(),
+        "abi_version": lib.abi_version,
+        "built_archs": ",".join(str(a) for a in lib.built_archs),
+        "ptx_arch": lib.ptx_arch,
+        "version": lib.version,
     }
 
 
