@@ -18,14 +18,18 @@
 
 namespace kdtree {
 
-// Block-wide, right after the segment `cw` (a piece) stored its partial rows and lse: every thread
-// fences its stores, then thread 0 arrives for the CTA and, when its piece completes the row tile,
-// queues the request for merge_pending. Called by every thread.
+// Block-wide, right after each segment of the walk (every thread calls it): when the segment (sc.seg)
+// was a piece, every thread fences its partial rows and lse, then thread 0 arrives for the CTA and,
+// when its piece completes the row tile, queues the request for merge_pending. Every thread reads
+// sc.seg.direct BEFORE the barrier: after it thread 0 moves on to the next segment and overwrites
+// sc.seg (a thread reading it later could take the other branch and meet a different barrier).
 template <class Cfg>
-__device__ __forceinline__ void merge_arrive(const KdtreeVerifyParams& p, const CtaWork& cw, ScheduleScratch& sc) {
-  __threadfence();  // this thread's partials, before the CTA's arrival (release)
+__device__ __forceinline__ void merge_arrive(const KdtreeVerifyParams& p, ScheduleScratch& sc) {
+  const bool piece = !sc.seg.direct;
+  if (piece) __threadfence();  // this thread's partials, before the CTA's arrival (release)
   __syncthreads();
-  if (threadIdx.x != 0) return;
+  if (!piece || threadIdx.x != 0) return;
+  const CtaWork& cw = sc.seg;
   const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, grid_dim_x(), Cfg::kM, p.batch);
   int* counter = ws.arrivals + static_cast<int64_t>(cw.b) * grid_dim_x() + block_idx_x();  // the row tile
   const int tiles = cw.t_end - cw.t_begin;

@@ -11,9 +11,10 @@ namespace kdtree {
 // part_begin, then one segment at a time. Thread 0 finds the next segment (so next_segment exists
 // once in the binary), a __syncthreads publishes it and ends the previous segment (its copies landed,
 // its stores read their shared memory), every thread copies it and runs it: `between()` before each
-// segment but the first, then `run(cw)`. When the kernel merges (merge_in_kernel), each piece arrives
-// after it ran (merge_arrive reads the segment back from shared memory: nothing of it stays live in
-// registers over run's tile loop) and the CTA merges the row tiles its pieces completed at the end.
+// segment but the first, then `run(cw)`. When the kernel merges (merge_in_kernel), every segment ends
+// in merge_arrive (a barrier; a piece arrives: the segment is read back from shared memory, so
+// nothing of it stays live in registers over run's tile loop) and the CTA merges the row tiles its
+// pieces completed at the end.
 // kSingle (a launch of one request): the one segment of single_request_segment, no walk (a batch of
 // one keeps the combine).
 template <class Cfg, bool kSingle, class Between, class Run>
@@ -33,7 +34,7 @@ __device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, int part,
       const CtaWork cw = sc.seg;
       if (!first) between();
       run(cw);
-      if (merge_in_kernel(p.batch, p.num_splits) && !sc.seg.direct) merge_arrive<Cfg>(p, sc.seg, sc);
+      if (merge_in_kernel(p.batch, p.num_splits)) merge_arrive<Cfg>(p, sc);
     }
     if (merge_in_kernel(p.batch, p.num_splits)) merge_pending<Cfg>(p, sc);
   }
