@@ -148,9 +148,8 @@ def test_requested_splits_are_planned_with_their_workspace(report, config):
     plan = abi.VerifyPlan(requested_splits=8, requested_min_keys_per_split=128)
     assert lib.kdtree_verify_plan(32, 16, 64, 132, config, ctypes.byref(plan)) == 0  # would plan 8 parts
     assert plan.num_splits == 8 and plan.min_keys_per_split == 128 and plan.row_tiles == 16
-    # two slots a part of 16 x 64 rows (512 fp32 + 1 lse each), then (first part, pieces) a request,
-    # then one arrival counter a (request, row tile) for the in-kernel merge (journal s2)
-    assert plan.workspace_bytes == 2 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4 + 32 * 8 + 32 * 16 * 4
+    # two slots a part of 16 x 64 rows (512 fp32 + 1 lse each), then (first part, pieces) a request
+    assert plan.workspace_bytes == 2 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4 + 32 * 8
     plan = abi.VerifyPlan(requested_splits=1)
     assert lib.kdtree_verify_plan(1, 8, 16, 132, config, ctypes.byref(plan)) == 0  # would plan 33-66
     assert plan.num_splits == 1 and plan.workspace_bytes == 0
@@ -168,10 +167,10 @@ def test_plan_is_host_only_and_covers_the_gpu(report):
     assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
     assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.min_keys_per_split == 64
     assert plan.row_tiles * plan.num_splits <= 132 < plan.row_tiles * (plan.num_splits + 1)
-    assert plan.workspace_bytes == 2 * plan.num_splits * 2 * 64 * (512 + 1) * 4 + 1 * 8 + 1 * 2 * 4
+    assert plan.workspace_bytes == 2 * plan.num_splits * 2 * 64 * (512 + 1) * 4 + 1 * 8
     # A batch of 16 row tiles: 8 parts a row tile (128 CTAs, one wave) over the whole batch.
     assert lib.kdtree_verify_plan(32, 16, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
-    assert plan.num_splits == 8 and plan.workspace_bytes == 2 * 8 * 16 * 64 * 513 * 4 + 32 * 8 + 32 * 16 * 4
+    assert plan.num_splits == 8 and plan.workspace_bytes == 2 * 8 * 16 * 64 * 513 * 4 + 32 * 8
     # Row tiles that fill the GPU alone are not split and need no workspace.
     assert lib.kdtree_verify_plan(4, 128, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
     assert plan.row_tiles == 128 and plan.num_splits == 1 and plan.workspace_bytes == 0

@@ -321,34 +321,6 @@ def test_two_split_merge(ops, monkeypatch, heads, out_rows):
         assert torch.equal(res[cov], again[cov]), f"two calls on the same inputs differ: {batch.describe()}"
 
 
-@pytest.mark.parametrize("parts", [2, 5, 16])
-def test_in_kernel_merge_leaves_its_counters_zero(ops, monkeypatch, parts):
-    """s2: a plan of at most two parts a request (batch > 1) merges in the verify kernel, counting
-    each (request, row tile)'s arrived key tiles in the workspace's tail (batch x row_tiles ints).
-    Launches on one plan with other lengths each time: a request cut over every part (one CTA merges
-    all of its pieces), ragged prefixes and drafts (row tiles some requests lack), requests without
-    keys in a part; each compared with float64, and the counters are zero after every launch (the
-    next one counts from zero)."""
-    B = 8
-    rng = random.Random(4100 + parts)
-    with _forced_splits(ops, monkeypatch, parts):
-        for trial in range(3):
-            long = parts * 64 * (2 + trial) + rng.randrange(64)
-            prefixes = [long] + [rng.choice([0, 1, 63, rng.randrange(64, 1500)]) for _ in range(B - 1)]
-            drafts = [65] + [rng.choice([1, 16, 33, 65]) for _ in range(B - 1)]
-            rng.shuffle(prefixes)
-            batch = make_verify_batch(prefixes, num_heads=8, draft_lens=drafts, mask="tree", mask_dtype=U8,
-                                      qo_indptr_dtype=I64, seed=4200 + 10 * parts + trial, device=DEV,
-                                      index_garbage=GARBAGE)
-            out = _run(ops, batch)
-            plan = next(iter(ops._plans.values()))
-            assert len(ops._plans) == 1 and plan.c_plan.num_splits == parts
-            _check_against_reference(batch, out, what=f"op merging in-kernel, {parts} parts, trial {trial}")
-            torch.cuda.synchronize()
-            counters = plan.workspace[-B * plan.c_plan.row_tiles * 4:].view(torch.int32)
-            assert not counters.any(), f"arrival counters left non-zero: {counters.nonzero().flatten().tolist()}"
-
-
 def test_planned_two_splits_at_b32_h8_n16(ops):
     """The grid's B32 H8 n16 shapes plan 2 splits on a 132-SM GPU (Hopper path). Random prefixes,
     some of one key tile (one active split)."""

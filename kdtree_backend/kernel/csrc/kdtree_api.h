@@ -36,8 +36,7 @@ typedef struct KdtreeVerifyParams {
   const void* mask_indptr;     // int64 [B+1]; ignored when custom_mask is NULL
   void* out;                   // bf16 [T, H*512]
   int64_t out_stride_tok;
-  void* workspace;             // workspace_bytes from kdtree_verify_plan, ZERO-FILLED before its first launch
-                               // (split partials, log-sum-exp, merge counters that every launch leaves zero)
+  void* workspace;             // from kdtree_verify_plan: split partials + log-sum-exp
   int64_t workspace_bytes;
   int32_t batch;
   int32_t num_heads;
@@ -57,9 +56,7 @@ typedef struct KdtreeVerifyParams {
 // capture; how the batch's real lengths are cut into the planned parts is decided on the device.
 // The caller zero-fills it and may set the two inputs (benchmark overrides; 0 = the library chooses);
 // kdtree_verify_plan fills the rest. The workspace size is computed here and nowhere else: pass
-// num_splits, min_keys_per_split and a workspace of workspace_bytes to kdtree_verify_run, zero-filled
-// once when it is allocated (the in-kernel merge counts arrivals in it; launches leave it zero) and
-// used by one launch at a time.
+// num_splits, min_keys_per_split and a workspace of workspace_bytes to kdtree_verify_run.
 typedef struct KdtreePlan {
   // inputs
   int32_t requested_splits;            // 1..128 forces the part count (KDTREE_NUM_SPLITS); 0: chosen

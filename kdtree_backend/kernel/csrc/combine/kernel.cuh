@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
     req = load_request(p, b);
     pdl_wait_primary();
   }
-  const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM, p.batch);
+  const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM);
   // Piece s of the request is in slot 2 f + 1 (s = 0) or 2 (f + s) for its first part f, which the
   // main kernel records. One L2 round trip (h38, h38b) for that record, the request's indices, the
   // row's lse over the pieces and the first kFirst pieces' partials (the weights only scale them), at

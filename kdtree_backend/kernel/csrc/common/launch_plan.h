@@ -46,12 +46,12 @@ inline int status_of(cudaError_t e) {
                                                                                        : KDTREE_ERR_CUDA;
 }
 
-// The split workspace's bytes (common/schedule.cuh, workspace_layout: the partials, their
-// log2-sum-exp, one record a request and the in-kernel merge's arrival counters). None for one
-// part: every request is then written directly.
+// The split workspace (common/schedule.cuh, workspace_view): 2 slots a part of row_tiles x
+// rows_per_tile partial rows (512 fp32 and one fp32 log2-sum-exp each), then one int2 a request.
+// None for one part: every request is then written directly.
 inline int64_t workspace_bytes(int batch, int parts, int row_tiles, int rows_per_tile) {
   if (parts <= 1) return 0;
-  return workspace_layout(parts, row_tiles, rows_per_tile, batch).bytes;
+  return 2 * static_cast<int64_t>(parts) * row_tiles * rows_per_tile * (kVDim + 1) * 4 + static_cast<int64_t>(batch) * 8;
 }
 
 // KDTREE_OK, or KDTREE_ERR_WORKSPACE with the reason in `err` when a split launch lacks room.

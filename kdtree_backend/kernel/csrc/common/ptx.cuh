@@ -40,13 +40,6 @@ __device__ __forceinline__ int grid_dim_x() {
   asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(v));
   return v;
 }
-// blockIdx.x, the same way (the merge after the portable kernel's walk: held from before the tile
-// loop, it spilled 8 B on sm_90).
-__device__ __forceinline__ int block_idx_x() {
-  int v;
-  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(v));
-  return v;
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

@@ -69,14 +69,7 @@ struct ScheduleScratch {
   int64_t first_index[4];  // the part's first request: qo_indptr[b], [b + 1], kv_indptr[b], [b + 1]
   int64_t lo, hi, len;     // the part's range of the cost axis, and the part length
   int64_t next_c;          // the walk's position: the next request's cost position
-  union {
-    int warp_max_tiles[32];  // part_begin: each warp's longest request in key tiles
-    struct {                 // the walk (dead scan scratch by then): row tiles this CTA's pieces completed
-      int count;
-      int b[2];              // their requests (common/merge.cuh)
-    } merges;
-  };
-  static constexpr int kMaxMerges = 2;
+  int warp_max_tiles[32];  // each warp's longest request in key tiles
   int part;
   int next_b;              // the next request to look at
   int has_first;           // first_index holds request next_b's index entries (the first request only)
@@ -120,10 +113,8 @@ __device__ __forceinline__ bool fill_segment(const KdtreeVerifyParams& p, const 
 
 // One thread only: the part's next segment that has rows in `row_tile`, from the walk's position in
 // `sc`, into sc.seg (sc.more = 0 when the part is done), and the new position. The CTA of row tile 0
-// that holds a request's first tile records (first part, pieces) for the combine; when the kernel
-// merges (merge_in_kernel), the CTA of every row tile does (the same values), so the CTA that
-// merges a row tile reads a record its row tile's first piece wrote before arriving. The caller
-// syncs before any thread reads sc.seg.
+// that holds a request's first tile records (first part, pieces) for the combine. The caller syncs
+// before any thread reads sc.seg.
 template <class Cfg>
 __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int row_tile, ScheduleScratch& sc) {
   if (sc.aligned > 0) {  // one segment: piece part % s of request part / s
@@ -138,8 +129,8 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int ro
     const int j = sc.part % sc.aligned;
     const Piece pc = aligned_piece(kt, sc.aligned, j, sc.min_tiles, pieces);
     if (pc.t_begin >= pc.t_end) return;
-    if ((row_tile == 0 || merge_in_kernel(p.batch, p.num_splits)) && j == 0 && p.num_splits > 1) {
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, grid_dim_x(), Cfg::kM, p.batch);
+    if (row_tile == 0 && j == 0 && p.num_splits > 1) {
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
       ws.request[b] = make_int2(sc.part, pieces);
     }
     fill_segment<Cfg>(p, req, b, kt, pc, sc.part, true, row_tile, sc);
@@ -161,9 +152,9 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int ro
     ++b;
     const Piece pc = piece_in_part(c_this, kt, lo, hi);
     if (pc.t_begin >= pc.t_end) continue;
-    if ((row_tile == 0 || merge_in_kernel(p.batch, p.num_splits)) && pc.t_begin == 0 && p.num_splits > 1) {
+    if (row_tile == 0 && pc.t_begin == 0 && p.num_splits > 1) {
       const int last_part = part_of(c_this + kOverheadTiles + kt - 1, sc.len);
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, grid_dim_x(), Cfg::kM, p.batch);
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
       ws.request[b_this] = make_int2(sc.part, last_part - sc.part + 1);
     }
     if (fill_segment<Cfg>(p, req, b_this, kt, pc, sc.part, !(c_b < hi && b < p.batch), row_tile, sc)) break;
@@ -319,10 +310,35 @@ __device__ __forceinline__ bool single_request_segment(const KdtreeVerifyParams&
   }
   if (pc.t_begin >= pc.t_end) return false;
   if (row_tile == 0 && pc.t_begin == 0 && p.num_splits > 1 && threadIdx.x == 0) {
-    const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, grid_dim_x(), Cfg::kM, p.batch);
+    const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
     ws.request[0] = make_int2(part, pieces);
   }
   return fill_work<Cfg>(p, req, 0, kt, pc, part, true, row_tile, cw);
+}
+
+// The CTA's walk over its part (s1), for both kernels: part_begin, then one segment at a time. Thread 0
+// finds the next segment (so next_segment exists once in the binary), a __syncthreads publishes it
+// and ends the previous segment (its copies landed, its stores read their shared memory), every
+// thread copies it and runs it: `between()` before each segment but the first, then `run(cw)`.
+// kSingle (a launch of one request): the one segment of single_request_segment, no walk.
+template <class Cfg, bool kSingle, class Between, class Run>
+__device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, int part, int row_tile, ScheduleScratch& sc,
+                                          Between between, Run run) {
+  if constexpr (kSingle) {
+    CtaWork cw;
+    if (single_request_segment<Cfg>(p, part, row_tile, cw)) run(cw);
+    return;
+  } else {
+    if (!part_begin<Cfg>(p, part, sc)) return;
+    for (bool first = true;; first = false) {
+      if (threadIdx.x == 0) next_segment<Cfg>(p, row_tile, sc);
+      __syncthreads();
+      if (!sc.more) break;
+      const CtaWork cw = sc.seg;
+      if (!first) between();
+      run(cw);
+    }
+  }
 }
 
 // Query row r of the request is (token r / H, head r % H). Rows past the request read row 0 and

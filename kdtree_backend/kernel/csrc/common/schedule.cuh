@@ -125,63 +125,24 @@ __host__ __device__ __forceinline__ int request_piece_slot(int first_part, int s
   return 2 * first_part + piece_slot_step(s);
 }
 
-// The split workspace of a plan with `parts` parts, for `batch` requests and row tiles of
-// rows_per_tile rows, described once (the device's view and the plan's byte count both read it):
+// The split workspace of a plan with `parts` parts, for row tiles of rows_per_tile rows:
 //   partial rows  [2 * parts slots][row_tiles * rows_per_tile][kVDim] fp32
 //   lse           [2 * parts slots][row_tiles * rows_per_tile]        fp32 (log2-sum-exp)
 //   request info  [batch] int2: (first part, pieces), written for every request with drafts
-//   arrivals      [batch][row_tiles] int: key tiles of the pieces written so far, for the merge in
-//                 the verify kernel (journal s2; common/merge.cuh). Zero before a plan's first
-//                 launch (the caller zero-fills the workspace once) and after every launch.
-struct WorkspaceLayout {
-  int64_t rows_per_slot;
-  int64_t lse;       // byte offsets from the workspace's start
-  int64_t request;
-  int64_t arrivals;
-  int64_t bytes;     // the whole workspace
-};
-
-__host__ __device__ __forceinline__ WorkspaceLayout workspace_layout(int parts, int row_tiles, int rows_per_tile,
-                                                                     int batch) {
-  WorkspaceLayout l;
-  l.rows_per_slot = static_cast<int64_t>(row_tiles) * rows_per_tile;
-  const int64_t slot_rows = 2 * static_cast<int64_t>(parts) * l.rows_per_slot;
-  l.lse = slot_rows * kVDim * 4;
-  l.request = l.lse + slot_rows * 4;  // 8-byte aligned for the int2 records: slot_rows is even
-  l.arrivals = l.request + static_cast<int64_t>(batch) * 8;
-  l.bytes = l.arrivals + static_cast<int64_t>(batch) * row_tiles * 4;
-  return l;
-}
-
 struct WorkspaceView {
   float* o;       // partial rows
   float* lse;     // their log2-sum-exp
   int2* request;  // per request: (first part, pieces)
-  int* arrivals;  // per (request, row tile): key tiles arrived
   int64_t rows_per_slot;
 };
 
-__host__ __device__ __forceinline__ WorkspaceView workspace_view(void* ws, int parts, int row_tiles, int rows_per_tile,
-                                                                 int batch) {
-  const WorkspaceLayout l = workspace_layout(parts, row_tiles, rows_per_tile, batch);
-  char* base = reinterpret_cast<char*>(ws);
+__host__ __device__ __forceinline__ WorkspaceView workspace_view(void* ws, int parts, int row_tiles, int rows_per_tile) {
   WorkspaceView v;
-  v.rows_per_slot = l.rows_per_slot;
-  v.o = reinterpret_cast<float*>(base);
-  v.lse = reinterpret_cast<float*>(base + l.lse);
-  v.request = reinterpret_cast<int2*>(base + l.request);
-  v.arrivals = reinterpret_cast<int*>(base + l.arrivals);
+  v.rows_per_slot = static_cast<int64_t>(row_tiles) * rows_per_tile;
+  v.o = reinterpret_cast<float*>(ws);
+  v.lse = v.o + 2 * static_cast<int64_t>(parts) * v.rows_per_slot * kVDim;
+  v.request = reinterpret_cast<int2*>(v.lse + 2 * static_cast<int64_t>(parts) * v.rows_per_slot);
   return v;
-}
-
-// s2: a plan of at most two parts a request on average (batch > 1) merges its pieces in the verify
-// kernel: the CTA whose piece completes a (request, row tile) merges that row tile's rows after its
-// walk (common/merge.cuh), and no combine kernel is launched. A batch of one request, or more parts
-// a request, keeps the combine (its grid spreads a many-piece merge over many SMs; a CTA alone
-// would read all of a row tile's pieces through one). A function of the launch's parameters, so
-// the host (which launches the combine or not) and the device agree.
-__host__ __device__ __forceinline__ bool merge_in_kernel(int batch, int parts) {
-  return batch > 1 && parts > 1 && parts <= 2 * batch;
 }
 
 }  // namespace kdtree

@@ -32,7 +32,7 @@ __device__ __forceinline__ void store_half_registers(const float (&o)[128], cons
             pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
       }
     } else {
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, HopperConfig::kM, p.batch);
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, HopperConfig::kM);
       const int64_t ws_row = static_cast<int64_t>(slot) * ws.rows_per_slot + r;
       float* ws_o = ws.o + ws_row * kVDim + col_lane;
 #pragma unroll
@@ -105,7 +105,7 @@ struct OutputTile {
   // Split partials only: this thread's rows' log2-sum-exp (from SharedStorage::lse) to the
   // workspace, after all partial rows; one thread per row (lane & 3 == 0 of WG0).
   __device__ __forceinline__ void store_lse(const float* s_lse, int rows, int row_in_tile0) const {
-    const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, HopperConfig::kM, p.batch);
+    const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, HopperConfig::kM);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int r = row_tile * HopperConfig::kM + row_in_tile0 + 8 * rr;

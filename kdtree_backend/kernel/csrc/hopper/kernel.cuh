@@ -33,7 +33,6 @@
 #include "../common/profiler.cuh"
 #include "../common/ptx.cuh"
 #include "../common/request.cuh"
-#include "../common/walk.cuh"
 #include "../kdtree_api.h"
 #include "async_copy.cuh"
 #include "epilogue.cuh"

@@ -113,8 +113,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   kernel<<<grid, HopperConfig::kThreads, SmemLayout::kBytes, stream>>>(p, q_map, q_tma);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  // s2: plans of at most two parts a request merge in the verify kernel (common/merge.cuh).
-  if (p.num_splits > 1 && !merge_in_kernel(p.batch, p.num_splits)) {
+  if (p.num_splits > 1) {
     const cudaError_t e = launch_combine<HopperConfig, /*kPdl=*/true>(p, row_tiles, stream);  // h39: PDL
     if (e != cudaSuccess)
       return report(KDTREE_ERR_CUDA, err, err_len, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));

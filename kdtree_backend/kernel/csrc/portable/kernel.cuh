@@ -20,7 +20,6 @@
 #include "../common/draft_mask.cuh"
 #include "../common/ptx.cuh"
 #include "../common/request.cuh"
-#include "../common/walk.cuh"
 #include "../kdtree_api.h"
 #include "mma.cuh"
 #include "traits.cuh"
@@ -288,7 +287,7 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
             pack_bf16x2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
       }
     } else {
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM, p.batch);
+      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM);
       const int64_t ws_row = static_cast<int64_t>(slot) * ws.rows_per_slot + r;
       float* ws_o = ws.o + ws_row * kVDim + col0;
 #pragma unroll
@@ -447,7 +446,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int h = warp / Cfg::kRG;
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + SmemLayout<Cfg>::kSched);
   walk_part<Cfg, kSingle>(
-      p, blockIdx.y, row_tile, sched, [] {}, [&](const CtaWork& cw) { run_segment<Cfg>(p, cw, block_idx_x(), tid, lane, g, h); });
+      p, blockIdx.y, row_tile, sched, [] {}, [&](const CtaWork& cw) { run_segment<Cfg>(p, cw, row_tile, tid, lane, g, h); });
 }
 
 }  // namespace kdtree

@@ -34,8 +34,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   kKernels[p.batch == 1 ? 0 : 1]<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  // s2: plans of at most two parts a request merge in the verify kernel (common/merge.cuh).
-  if (p.num_splits > 1 && !merge_in_kernel(p.batch, p.num_splits)) {
+  if (p.num_splits > 1) {
     const cudaError_t e = launch_combine<Cfg>(p, row_tiles, stream);
     if (e != cudaSuccess)
       return report(KDTREE_ERR_CUDA, err, err_len, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
