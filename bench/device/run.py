@@ -306,9 +306,9 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
                     f"racecheck-{p}.log", share=0.2 / len(paths), env={"KDTREE_KERNEL": p},
                     echo=r"RACECHECK SUMMARY|smoke"),
             # s1: also the part schedule's walks (several segments a CTA, barriers re-initialised
-            # between them) and the merge of pieces
+            # between them), the merge of pieces and (s3) the extra CTAs' walks across row tiles
             Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
-                "-x", *tests, "-k", f"(consecutive_slots or parts_span or two_split_merge) and {p}")],
+                "-x", *tests, "-k", f"(consecutive_slots or parts_span or two_split_merge or extra_ctas) and {p}")],
                 f"racecheck-slots-{p}.log", share=0.5 / len(paths),  # ~130 s a path on the H200 (s1c)
                 env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
             Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", p)],
