@@ -88,8 +88,9 @@ struct ScheduleScratch {
   int64_t warp_cost[32];   // each warp's sum of its requests' costs
   int64_t first_index[4];  // the part's first request: qo_indptr[b], [b + 1], kv_indptr[b], [b + 1]
   int64_t rem_index[4];    // an extra CTA's: the request at the remainder's start (s3), its entries
-  int64_t lo, hi, len;     // the current range of the row tile's cost axis, and the main part length w
-  int64_t rem_start, rem, le, x_hi;  // PartGeometry's rest; an extra CTA's end on the remainder axis
+  PartGeometry geom;       // where the parts lie on each row tile's cost axis (cut mode)
+  int64_t lo, hi;          // the current range of the row tile's cost axis
+  int64_t x_hi;            // an extra CTA's end on the remainder axis
   int64_t next_c;          // the walk's position: the next request's cost position
   int64_t rem_c;           // the remainder's first request's cost position
   int warp_max_tiles[32];  // each warp's longest request in key tiles
@@ -172,7 +173,7 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, Schedu
   for (;;) {
     const int64_t lo = sc.lo, hi = sc.hi;
     const int t = sc.row_tile;
-    const bool more_row_tiles = sc.extra >= 0 && t + 1 < R && static_cast<int64_t>(t + 1) * sc.rem < sc.x_hi;
+    const bool more_row_tiles = sc.extra >= 0 && t + 1 < R && static_cast<int64_t>(t + 1) * sc.geom.rem < sc.x_hi;
     bool found = false;
     for (; c_b < hi && b < p.batch; has_first = false) {
       const RequestView req = has_first ? request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2],
@@ -186,12 +187,7 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, Schedu
       const Piece pc = piece_in_part(c_this, kt, lo, hi);
       if (pc.t_begin >= pc.t_end) continue;
       if (pc.t_begin == 0 && split_launch(p.num_splits, launch_extra<Cfg>(p))) {
-        PartGeometry g;
-        g.w = sc.len;
-        g.rem_start = sc.rem_start;
-        g.rem = sc.rem;
-        g.le = sc.le;
-        const int last_part = part_at(g, p.num_splits, t, c_this + kOverheadTiles + kt - 1);
+        const int last_part = part_at(sc.geom, p.num_splits, t, c_this + kOverheadTiles + kt - 1);
         const WorkspaceView ws = launch_workspace<Cfg>(p);
         ws.request[static_cast<int64_t>(b_this) * R + t] = make_int2(sc.part, last_part - sc.part + 1);
       }
@@ -204,15 +200,11 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, Schedu
     if (found || !more_row_tiles) break;
     // The range is done; an extra CTA goes on with the next row tile's remainder, from its start.
     const int tn = t + 1;
-    const int64_t xs = static_cast<int64_t>(tn) * sc.rem;
-    PartGeometry g;
-    g.w = sc.len;
-    g.rem_start = sc.rem_start;
-    g.rem = sc.rem;
-    g.le = sc.le;
+    const PartGeometry& g = sc.geom;
+    const int64_t xs = static_cast<int64_t>(tn) * g.rem;
     sc.row_tile = tn;
-    sc.lo = sc.rem_start;
-    sc.hi = sc.rem_start + (sc.x_hi - xs < sc.rem ? sc.x_hi - xs : sc.rem);
+    sc.lo = g.rem_start;
+    sc.hi = g.rem_start + (sc.x_hi - xs < g.rem ? sc.x_hi - xs : g.rem);
     sc.part = p.num_splits + sc.extra - first_extra_of(g, tn);
 #pragma unroll
     for (int i = 0; i < 4; ++i) sc.first_index[i] = sc.rem_index[i];
@@ -374,10 +366,7 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int cta,
     sc.aligned = 0;
     sc.lo = lo;
     sc.hi = hi;
-    sc.len = g.w;
-    sc.rem_start = g.rem_start;
-    sc.rem = g.rem;
-    sc.le = g.le;
+    sc.geom = g;
     sc.x_hi = x_hi;
     sc.part = part;
     sc.row_tile = t;
