@@ -160,8 +160,8 @@ def time_graph(fn, iters=50):
 def timings(with_triton=True, configs=("auto",)):
     shapes = [(1, 8, 16, 1024), (1, 8, 16, 8192), (8, 8, 16, 8192), (32, 8, 16, 8192), (1, 8, 16, 32768),
               (32, 16, 64, 8192), (8, 16, 64, 32768), (1, 8, 8, 32768), (32, 8, 8, 32768),
-              # plans that merge in the kernel (s2: at most two parts a request), uniform and ragged
-              # (L: the prefixes; one long request is cut over many parts, one CTA merges its pieces)
+              # plans of at most two parts a request, uniform and ragged (L: the prefixes; one long
+              # request cut over many parts): the merge's cost (journal s2), the grid's idle SMs (s3)
               (32, 8, 64, 1024), (8, 16, 64, 1024), (8, 8, 65, 8192), (8, 8, 65, [32768] + [1024] * 7),
               (8, 8, 65, [1024, 2048, 3072, 4096, 6144, 8192, 16384, 32768]), (32, 8, 64, [32768] + [1024] * 31)]
     if with_triton:
@@ -195,11 +195,13 @@ def timings(with_triton=True, configs=("auto",)):
         flops = 2 * n * H * sum(x + n for x in prefixes) * 1088
         byts = sum(x + n for x in prefixes) * 1152 + B * n * H * (1152 + 1024)
         ragged = len(set(prefixes)) > 1
-        row = dict(B=B, H=H, n=n, L=L, prefixes=prefixes if ragged else None, ours_us=t_ours, triton_us=t_tri, speedup=t_tri / t_ours,
+        row = dict(B=B, H=H, n=n, L=L, prefixes=prefixes if ragged else None, ours_us=t_ours, triton_us=t_tri,
+                   speedup=t_tri / t_ours,
                    tflops=flops / t_ours / 1e6, tbps=byts / t_ours / 1e6, diff_vs_triton=d,
                    by_config={str(c): t for c, t in t_cfg.items()})
         res.append(row)
-        print(f"B={B:<3} H={H:<3} n={n:<3} L={L:<6}{' ragged' if ragged else ''} ours {t_ours:9.1f} us  triton {t_tri:9.1f} us  "
+        print(f"B={B:<3} H={H:<3} n={n:<3} L={L:<6}{' ragged' if ragged else ''} ours {t_ours:9.1f} us  "
+              f"triton {t_tri:9.1f} us  "
               f"x{t_tri / t_ours:6.1f}  {row['tflops']:6.1f} TF/s  {row['tbps']:5.2f} TB/s  diff {d:.1e}  "
               + " ".join(f"{c}={t:.1f}us/{flops / t / 1e6:.0f}TF" for c, t in t_cfg.items()), flush=True)
     return res

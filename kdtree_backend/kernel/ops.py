@@ -213,8 +213,8 @@ def _get_plan(lib, device_index: int, stream_ptr: int, batch: int, heads: int, m
         if rc != 0:
             raise KernelInputError(f"verify_attention: {lib.kdtree_error_string(rc).decode(errors='replace')}")
         ws_bytes = c_plan.workspace_bytes
-        # Zeroed, once per plan: a library whose verify kernel merges in-kernel (journal s2) keeps
-        # counters in the workspace's tail that must start at zero (every launch leaves them zero).
+        # Zeroed, once per plan (cheap, and a slot no piece wrote holds zeros rather than old memory;
+        # the kernels never need it: the merge discards what a request's pieces did not write).
         workspace = (
             torch.zeros(ws_bytes, dtype=torch.uint8, device=torch.device("cuda", device_index)) if ws_bytes else None
         )
