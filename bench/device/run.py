@@ -20,7 +20,7 @@ A step name starts a step and the words after it, up to the next step name, are 
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV
-  ab NAME=LIB ... [paths=P]    the smoke shapes timed with variant libraries against this checkout's
+  ab NAME=LIB ... [paths=P] [shapes=S]  the smoke shapes (or S, 'B,H,n,L;...') timed with variant libraries against this checkout's
                                build: LIB is a built .so, or a directory holding another checkout
                                (built into WORK/lib_NAME.so, which later calls keep while the
                                machine stays warm); geometric-mean time ratio per variant and path
@@ -106,7 +106,7 @@ class Step:
 
     def plain(self) -> list:
         """The arguments that are not `key=value` options of the driver."""
-        return [a for a in self.args if not re.match(r"^(lib|name|paths)=", a)]
+        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes)=", a)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -364,6 +364,7 @@ def commands_profile(s: Step, ctx: Context) -> list:
 
 def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
     paths = ctx.paths(s.option("paths") or "hopper")
+    shapes = ["--shapes", s.option("shapes")] if s.option("shapes") else []
     variants = [a.split("=", 1) for a in s.plain()]
     cmds, libs = [], {"default": None}
     for name, target in variants:
@@ -379,7 +380,8 @@ def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
     timing_share = 0.65 / len(libs)
     for name, lib in libs.items():
         cmds.append(Command(f"smoke timings, {name}", [PYTHON, "bench/diag/smoke.py", "--no-triton", "--configs",
-                                                       ",".join(paths), "--json", str(ctx.work / f"ab-{name}.json")],
+                                                       ",".join(paths), "--json", str(ctx.work / f"ab-{name}.json"),
+                                                       *shapes],
                             f"ab-{name}.log", share=timing_share, env={"KDTREE_LIB": lib} if lib else {},
                             echo=r"BAD|smoke (PASSED|FAILED)"))
     cmds.append(Command("A/B summary", [], "ab-summary.log", share=0.05,
