@@ -47,9 +47,13 @@ int main() {
     const long long total = c[B];
     const int min_tiles = min_part_tiles(min_keys, bn, max_tiles);
     const bool aligned = use_aligned(parts, B, total, max_tiles, min_tiles, bn);
+    const int E_grid = E;  // the launch's extra CTAs (the workspace's slots); part_begin's vote may idle them
+    bool cut = false;
+    for (int b = 0; b < B; ++b) cut = cut || cut_by_parts(c[b], c[b + 1] - c[b], part_length(total, parts, min_tiles));
+    if (!cut) E = 0;
     const PartGeometry g = part_geometry(total, parts, R, E, min_tiles);
-    std::printf("batch %lld %lld %lld %lld %lld %d %d\n", total, g.w, g.rem_start, g.rem, g.le, aligned ? parts / B : 0,
-                slot_parts(parts, R, E));
+    std::printf("batch %lld %lld %lld %lld %lld %d %d %d\n", total, g.w, g.rem_start, g.rem, g.le, aligned ? parts / B : 0,
+                slot_parts(parts, R, E_grid), E);
     if (aligned) {  // part p: piece p %% s of request p / s in every row tile (next_segment); no extra CTA works
       const int s = parts / B;
       for (int t = 0; t < R; ++t)
@@ -130,7 +134,8 @@ def _batches(rng: random.Random) -> list:
     out = [(14, 0, 64, 9, 6, [(65, 8192)] * 8), (1, 64, 32, 2, 0, [(16, 1000)] * 3), (66, 0, 64, 2, 0, [(8, 8192)]),
            (128, 0, 64, 1, 0, [(0, 500), (3, 0), (0, 0), (1, 1)]), (7, 64, 32, 17, 13, [(0, 100)] * 5 + [(5, 70)]),
            (7, 0, 64, 17, 13, [(129, 8192)] * 8), (8, 0, 64, 16, 4, [(64, 32768)] + [(64, 1024)] * 31),
-           (1, 0, 64, 100, 32, [(200, 5000), (3, 40000), (0, 7)])]
+           (1, 0, 64, 100, 32, [(200, 5000), (3, 40000), (0, 7)]),
+           (16, 0, 64, 8, 4, [(64, 1024)] * 32), (16, 0, 64, 8, 4, [(64, 2048)] * 32)]  # cut-free rectangles
     for _ in range(300):
         B = rng.choice([1, 2, 3, 8, 31, 64, 300])
         reqs = []
@@ -164,10 +169,10 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
     out = subprocess.run([str(program)], input=stdin, capture_output=True, text=True, timeout=120, check=True).stdout
     blocks = out.split("batch ")[1:]
     assert len(blocks) == len(batches)
-    modes, remainder_used, balanced = set(), 0, 0
-    for (parts, min_keys, bn, R, E, reqs), block in zip(batches, blocks):
+    modes, remainder_used, balanced, idled = set(), 0, 0, 0
+    for (parts, min_keys, bn, R, E_grid, reqs), block in zip(batches, blocks):
         lines = block.strip().split("\n")
-        total, w, rem_start, rem, le, aligned, slot_parts = map(int, lines[0].split())
+        total, w, rem_start, rem, le, aligned, slot_parts, E = map(int, lines[0].split())
         pieces, info = [], {}
         for line in lines[1:]:
             f = line.split()
@@ -177,7 +182,8 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
                 t, b, first, k = map(int, f[1:])
                 assert (t, b) not in info, "one record a (request, row tile)"
                 info[(t, b)] = (first, k)
-        ctx = (parts, min_keys, bn, R, E, len(reqs))
+        ctx = (parts, min_keys, bn, R, E_grid, E, len(reqs))
+        assert E in (0, E_grid), ctx
         modes.add(aligned > 0)
         if not aligned:
             assert rem_start <= total and rem == total - rem_start and parts * w >= rem_start, ctx
@@ -189,7 +195,7 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
                 # an extra CTA's share and its average row-tile crossings' starts: a main part's
                 assert le * E + 4 * (R - 1) <= (w + 1) * E, (ctx, "an extra CTA's share exceeds a main part's", le, w)
             remainder_used += any(part >= parts for _, _, part, *_ in pieces)
-        assert slot_parts == parts + (min(E, E // R + 2) if E > 0 else 0), ctx
+        assert slot_parts == parts + (min(E_grid, E_grid // R + 2) if E_grid > 0 else 0), ctx
         work = {}
         for t in range(R):
             for b, (n, prefix) in enumerate(reqs):
@@ -227,10 +233,13 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
                 else:
                     ranges = len({t for c2, t, *_ in pieces if c2 == cta})
                     assert wk <= le + 4 * ranges, (ctx, cta, wk, le)
-        if parts == 1 and E == 0:
-            assert all(not head and not tail for *_, head, tail, _ in pieces)
+        if (parts == 1 or E_grid > 0) and E == 0 and not aligned:
+            # one part, or the vote idled the extra CTAs: the rectangle cuts no request
+            assert all(not head and not tail for *_, head, tail, _ in pieces), ctx
+            idled += E_grid > 0
     assert modes == {True, False}, "the batches reach both modes"
     assert remainder_used > 50 and balanced > 50, "the batches give the extra CTAs work, their share balanced"
+    assert idled >= 2, "cut-free rectangles keep their extra CTAs idle"
 
 
 def test_split_length_rule_and_the_plans_part_count(program):

@@ -249,6 +249,28 @@ __device__ __forceinline__ bool find_in_chunk(const KdtreeVerifyParams& p, int b
   return false;
 }
 
+// One thread's part of the rectangle's vote (part_begin): true when a request of its chunk [b_lo,
+// b_hi) (starting at cost position excl, its first request's entries in idx0) lies across a boundary
+// of parts `len` long.
+__device__ __forceinline__ bool chunk_cut_by_parts(const KdtreeVerifyParams& p, int bn, int64_t excl, int b_lo,
+                                                   int b_hi, const int64_t (&idx0)[4], int64_t len) {
+  const bool qo64 = p.qo_indptr_is_int64 != 0;
+  const bool kv64 = p.kv_indptr_is_int64 != 0;
+  int64_t c = excl;
+  int64_t q_prev = idx0[0], k_prev = idx0[2];
+  for (int b = b_lo; b < b_hi; ++b) {
+    const int64_t q_next = b == b_lo ? idx0[1] : load_index(p.qo_indptr, b + 1, qo64);
+    const int64_t k_next = b == b_lo ? idx0[3] : load_index(p.kv_indptr, b + 1, kv64);
+    const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
+    const int64_t cost = request_cost(request_key_tiles(r.prefix, r.n, bn));
+    if (cut_by_parts(c, cost, len)) return true;
+    c += cost;
+    q_prev = q_next;
+    k_prev = k_next;
+  }
+  return false;
+}
+
 // Block-wide (every thread calls it, once; walk_part below) for CTA `cta` of the batch grid: the
 // batch's cost prefix over the requests (each thread sums a contiguous chunk of requests, then a
 // block scan), the mode, the CTA's part and range (a main CTA: part cta / R of row tile cta % R; an
@@ -342,7 +364,15 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int cta,
     __syncthreads();
     return true;
   }
-  const PartGeometry g = part_geometry(total, P, R, launch_extra<Cfg>(p), min_tiles);
+  // Extra CTAs only where the rectangle cuts a request anyway (cut_by_parts): each thread looks at its
+  // chunk's requests again, one vote for the block.
+  int E = launch_extra<Cfg>(p);
+  if (E > 0 && !__syncthreads_or(chunk_cut_by_parts(p, Cfg::kBN, excl, b_lo, b_hi, idx0,
+                                                     part_length(total, P, min_tiles)))) {
+    E = 0;
+  }
+  if (cta >= main_ctas && E == 0) return false;  // the same on every thread
+  const PartGeometry g = part_geometry(total, P, R, E, min_tiles);
   int64_t lo, hi, x_hi = 0;
   int t, part, extra;
   if (cta < main_ctas) {

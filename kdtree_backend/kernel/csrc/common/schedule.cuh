@@ -100,6 +100,15 @@ __host__ __device__ __forceinline__ int extra_ctas(int batch, int row_tiles, int
   return 2 * extra >= row_tiles ? extra : 0;
 }
 
+// Whether request [c_b, c_b + cost) lies across a boundary of parts `len` long: the rectangle cuts it.
+// A batch whose rectangle cuts no request (uniform batches of B a multiple of the parts: B32 at 16
+// parts) keeps it and leaves its extra CTAs idle: the extra CTAs' shorter parts would cut every
+// request there, and the partials and merge cost more than the ~3% the span gains (s3: B32 H8 n64
+// L2k 139 -> 153 us on the Hopper path with extra CTAs).
+__host__ __device__ __forceinline__ bool cut_by_parts(int64_t c_b, int64_t cost, int64_t len) {
+  return cost > 0 && part_of(c_b, len) != part_of(c_b + cost - 1, len);
+}
+
 // The virtual parts a row tile's remainder can touch, for which the workspace holds slots:
 // floor(E / R) + 2 (an extra CTA's remainder length is at least R rem / E), at most E.
 __host__ __device__ __forceinline__ int remainder_parts(int row_tiles, int extra) {
