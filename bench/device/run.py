@@ -20,7 +20,7 @@ A step name starts a step and the words after it, up to the next step name, are 
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV
-  ab NAME=LIB ... [paths=P]    the smoke shapes timed with variant libraries against this checkout's
+  ab NAME=LIB ... [paths=P] [shapes=S]  the smoke shapes (or S, 'B,H,n,L;...') timed with variant libraries against this checkout's
                                build: LIB is a built .so, or a directory holding another checkout
                                (built into WORK/lib_NAME.so, which later calls keep while the
                                machine stays warm); geometric-mean time ratio per variant and path
@@ -106,7 +106,7 @@ class Step:
 
     def plain(self) -> list:
         """The arguments that are not `key=value` options of the driver."""
-        return [a for a in self.args if not re.match(r"^(lib|name|paths)=", a)]
+        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes)=", a)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -306,9 +306,9 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
                     f"racecheck-{p}.log", share=0.2 / len(paths), env={"KDTREE_KERNEL": p},
                     echo=r"RACECHECK SUMMARY|smoke"),
             # s1: also the part schedule's walks (several segments a CTA, barriers re-initialised
-            # between them) and the merge of pieces
+            # between them), the merge of pieces and (s3) the extra CTAs' walks across row tiles
             Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
-                "-x", *tests, "-k", f"(consecutive_slots or parts_span or two_split_merge) and {p}")],
+                "-x", *tests, "-k", f"(consecutive_slots or parts_span or two_split_merge or extra_ctas) and {p}")],
                 f"racecheck-slots-{p}.log", share=0.5 / len(paths),  # ~130 s a path on the H200 (s1c)
                 env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
             Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", p)],
@@ -364,6 +364,7 @@ def commands_profile(s: Step, ctx: Context) -> list:
 
 def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
     paths = ctx.paths(s.option("paths") or "hopper")
+    shapes = ["--shapes", s.option("shapes")] if s.option("shapes") else []
     variants = [a.split("=", 1) for a in s.plain()]
     cmds, libs = [], {"default": None}
     for name, target in variants:
@@ -379,7 +380,8 @@ def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
     timing_share = 0.65 / len(libs)
     for name, lib in libs.items():
         cmds.append(Command(f"smoke timings, {name}", [PYTHON, "bench/diag/smoke.py", "--no-triton", "--configs",
-                                                       ",".join(paths), "--json", str(ctx.work / f"ab-{name}.json")],
+                                                       ",".join(paths), "--json", str(ctx.work / f"ab-{name}.json"),
+                                                       *shapes],
                             f"ab-{name}.log", share=timing_share, env={"KDTREE_LIB": lib} if lib else {},
                             echo=r"BAD|smoke (PASSED|FAILED)"))
     cmds.append(Command("A/B summary", [], "ab-summary.log", share=0.05,

@@ -108,6 +108,8 @@ def correctness(small=False):
         (4, 64, 16, [17, 4096, 33, 700], "tree", torch.bool, torch.int32),
         (5, 3, 7, [1, 1, 1, 1, 1], "tree", torch.uint8, torch.int64),
         (1, 8, 16, [20000], "tree", torch.uint8, torch.int32),
+        # DDTree-sized trees: 17 row tiles leave idle SMs (s3's extra CTAs), one request and a batch
+        (1, 8, 129, [5000], "tree", torch.uint8, torch.int32), (3, 16, 65, [4000, 70, 2500], "tree", torch.uint8, torch.int32),
     ]
     if small:  # sized for compute-sanitizer: a few tiles, every code path (splits, draft tiles, masks)
         cases = [(2, 8, 5, [40, 0], "tree", torch.uint8, torch.int32), (1, 3, 17, [300], "none", None, torch.int64),
@@ -157,8 +159,8 @@ def time_graph(fn, iters=50):
     return statistics.median(events[i].elapsed_time(events[i + 1]) * 1000 for i in range(iters))
 
 
-def timings(with_triton=True, configs=("auto",)):
-    shapes = [(1, 8, 16, 1024), (1, 8, 16, 8192), (8, 8, 16, 8192), (32, 8, 16, 8192), (1, 8, 16, 32768),
+def timings(with_triton=True, configs=("auto",), shapes=None):
+    shapes = shapes or [(1, 8, 16, 1024), (1, 8, 16, 8192), (8, 8, 16, 8192), (32, 8, 16, 8192), (1, 8, 16, 32768),
               (32, 16, 64, 8192), (8, 16, 64, 32768), (1, 8, 8, 32768), (32, 8, 8, 32768),
               # plans of at most two parts a request, uniform and ragged (L: the prefixes; one long
               # request cut over many parts): the merge's cost (journal s2), the grid's idle SMs (s3)
@@ -217,6 +219,7 @@ def main():
                     help="time small-batch shapes for several KDTREE_MIN_KEYS_PER_SPLIT values and exit")
     ap.add_argument("--configs", default="auto",
                     help="KDTREE_KERNEL values to time, e.g. portable,hopper")
+    ap.add_argument("--shapes", help="'B,H,n,L;...': time these uniform shapes instead of the built-in list")
     args = ap.parse_args()
     t0 = time.time()
     if args.profile_shape:
@@ -242,7 +245,8 @@ def main():
         return 0
     ok, corr = correctness(args.small)
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
-    tim = [] if args.small else timings(not args.no_triton, configs)
+    shapes = [shape_arg(x) for x in args.shapes.split(";") if x.strip()] if args.shapes else None
+    tim = [] if args.small else timings(not args.no_triton, configs, shapes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), correctness=corr, timings=tim), f, indent=1)

@@ -148,8 +148,9 @@ def test_requested_splits_are_planned_with_their_workspace(report, config):
     plan = abi.VerifyPlan(requested_splits=8, requested_min_keys_per_split=128)
     assert lib.kdtree_verify_plan(32, 16, 64, 132, config, ctypes.byref(plan)) == 0  # would plan 8 parts
     assert plan.num_splits == 8 and plan.min_keys_per_split == 128 and plan.row_tiles == 16
-    # two slots a part of 16 x 64 rows (512 fp32 + 1 lse each), then (first part, pieces) a request
-    assert plan.workspace_bytes == 2 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4 + 32 * 8
+    # two slots a part of 16 x 64 rows (512 fp32 + 1 lse each), then (first part, pieces) a (request,
+    # row tile) (s3: 16 x 8 = 128 CTAs leave 4 of 132 SMs idle, too few for 16 row tiles' remainders)
+    assert plan.workspace_bytes == 2 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4 + 32 * 16 * 8
     plan = abi.VerifyPlan(requested_splits=1)
     assert lib.kdtree_verify_plan(1, 8, 16, 132, config, ctypes.byref(plan)) == 0  # would plan 33-66
     assert plan.num_splits == 1 and plan.workspace_bytes == 0
@@ -167,10 +168,14 @@ def test_plan_is_host_only_and_covers_the_gpu(report):
     assert lib.kdtree_verify_plan(1, 8, 16, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
     assert plan.rows_per_tile == 64 and plan.row_tiles == 2 and plan.min_keys_per_split == 64
     assert plan.row_tiles * plan.num_splits <= 132 < plan.row_tiles * (plan.num_splits + 1)
-    assert plan.workspace_bytes == 2 * plan.num_splits * 2 * 64 * (512 + 1) * 4 + 1 * 8
+    assert plan.workspace_bytes == 2 * plan.num_splits * 2 * 64 * (512 + 1) * 4 + 1 * 2 * 8  # one request: no extra CTAs
     # A batch of 16 row tiles: 8 parts a row tile (128 CTAs, one wave) over the whole batch.
     assert lib.kdtree_verify_plan(32, 16, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
-    assert plan.num_splits == 8 and plan.workspace_bytes == 2 * 8 * 16 * 64 * 513 * 4 + 32 * 8
+    assert plan.num_splits == 8 and plan.workspace_bytes == 2 * 8 * 16 * 64 * 513 * 4 + 32 * 16 * 8
+    # B8 H8 n65 (s3): 9 row tiles x 14 parts and 6 extra CTAs for the remainders: 2 more parts' slots
+    assert lib.kdtree_verify_plan(8, 8, 65, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
+    assert (plan.row_tiles, plan.num_splits) == (9, 14)
+    assert plan.workspace_bytes == 2 * (14 + 2) * 9 * 64 * 513 * 4 + 8 * 9 * 8
     # Row tiles that fill the GPU alone are not split and need no workspace.
     assert lib.kdtree_verify_plan(4, 128, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
     assert plan.row_tiles == 128 and plan.num_splits == 1 and plan.workspace_bytes == 0
@@ -282,8 +287,8 @@ def test_hopper_split_combine_is_a_programmatic_dependent(report):
     for lines in _hopper_kernel_sass(report):
         assert sum("PREEXIT" in ln for ln in lines) == 1, "one trigger per verify kernel"
     combine = {k: v for k, v in functions.items() if k.startswith("_ZN6kdtree21combine_splits_kernelINS_6hopper")}
-    pdl = [v for k, v in combine.items() if k.endswith("ELb1EEEv18KdtreeVerifyParamsi")]
-    plain = [v for k, v in combine.items() if k.endswith("ELb0EEEv18KdtreeVerifyParamsi")]
+    pdl = [v for k, v in combine.items() if k.endswith("ELb1EEEv18KdtreeVerifyParamsii")]
+    plain = [v for k, v in combine.items() if k.endswith("ELb0EEEv18KdtreeVerifyParamsii")]
     assert len(pdl) == 1 and len(plain) == 2, sorted(combine)
     waits = [i for i, ln in enumerate(pdl[0]) if "ACQBULK" in ln]
     assert len(waits) == 1

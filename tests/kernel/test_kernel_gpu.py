@@ -321,6 +321,33 @@ def test_two_split_merge(ops, monkeypatch, heads, out_rows):
         assert torch.equal(res[cov], again[cov]), f"two calls on the same inputs differ: {batch.describe()}"
 
 
+@pytest.mark.parametrize("drafts,heads", [(65, 8), (129, 8), (33, 16)])
+def test_extra_ctas_take_the_row_tiles_remainders(ops, drafts, heads):
+    """s3: a batch plan whose row tiles x parts leave SMs idle (on a 132-SM H200: 9 x 14 = 126 at
+    n = 65 and H = 8, 17 x 7 = 119 at n = 129, 9 x 14 at H = 16 n = 33) gives the idle SMs the row
+    tiles' remainders laid end to end, so an extra CTA's pieces lie in two row tiles and a request's
+    pieces run from main parts into the remainder's. Ragged prefixes (empty, one key, one tile, long)
+    and drafts (rows some row tiles lack), compared with float64 and bitwise stable across calls."""
+    rng = random.Random(700 + drafts + heads)
+    B = 8
+    prefixes = [rng.choice([0, 1, 63, 64, rng.randrange(65, 2000 if SMALL else 9000)]) for _ in range(B)]
+    drafts_of = [drafts] + [rng.choice([1, 16, drafts - 1, drafts]) for _ in range(B - 1)]
+    batch = make_verify_batch(prefixes, num_heads=heads, draft_lens=drafts_of, mask="tree", mask_dtype=U8,
+                              qo_indptr_dtype=I64, seed=710 + drafts, device=DEV, index_garbage=GARBAGE)
+    out = _run(ops, batch)
+    plan = next(v for k, v in ops._plans.items() if k[2:5] == (B, heads, drafts))
+    R, P = plan.c_plan.row_tiles, plan.c_plan.num_splits
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    extra = sms - R * P if R * P < sms and 2 * (sms - R * P) >= R else 0
+    if sms == 132:
+        assert extra > 0, (R, P)
+    _check_against_reference(batch, out, what=f"op with {R} x {P} CTAs and {extra} extra")
+    again = _run(ops, batch)
+    torch.cuda.synchronize()
+    cov = batch.covered_rows()
+    assert torch.equal(out[cov], again[cov]), f"two calls on the same inputs differ: {batch.describe()}"
+
+
 def test_planned_two_splits_at_b32_h8_n16(ops):
     """The grid's B32 H8 n16 shapes plan 2 splits on a 132-SM GPU (Hopper path). Random prefixes,
     some of one key tile (one active split)."""

@@ -1,12 +1,14 @@
 """The batch-wide part schedule both kernels and the combine share (csrc/common/schedule.cuh, s1),
 compiled for the host with nvcc and checked on random batches (ragged prefixes, requests without
 drafts, one request, many parts, forced minimum lengths): every request's key tiles are covered
-exactly once per row tile, a request's pieces lie in consecutive parts and in the slots the combine
-reads, a request held by one part is written directly, no two pieces share a slot, and no part holds
-more work than its length. Also the split-length rule (h29) at every length and the plan's part
+exactly once per row tile, a request's pieces lie in consecutive (virtual) parts and in the slots the
+combine reads, a request held by one part is written directly, no two pieces share a slot's rows, and
+no part holds more work than its length; with the extra CTAs of s3 (the row tiles' remainders cut
+among the wave's idle SMs) on random row-tile and SM counts. Also the split-length rule (h29) at every length and the plan's part
 count. Skipped without nvcc."""
 from __future__ import annotations
 
+import collections
 import math
 import random
 import subprocess
@@ -20,17 +22,19 @@ pytestmark = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not on P
 
 CSRC = Path(build.__file__).resolve().parent / "csrc"
 
-# Reads batches ("parts min_keys bn B n_0 prefix_0 ... n_B-1 prefix_B-1" a line); for each prints
-# "batch" then one line per piece: part b t_begin t_end head tail slot, then "info b first pieces"
-# for the row-tile-0 record, the way the device walks (common/request.cuh: part_begin, next_segment).
+# Reads batches ("parts min_keys bn R E B n_0 prefix_0 ... n_B-1 prefix_B-1" a line: R row tiles, E extra
+# CTAs); for each prints "batch total w rem_start rem le aligned slot_parts", then for every CTA's
+# ranges one line per piece: "piece cta t part b t_begin t_end head tail slot", and for the CTA holding
+# a request's first tile in a row tile "info t b first pieces", the way the device walks
+# (common/request.cuh: part_begin, next_segment; the extra CTAs of s3).
 PROGRAM = r"""
 #include <cstdio>
 #include <vector>
 #include "common/launch_plan.h"
 using namespace kdtree;
 int main() {
-  int parts, min_keys, bn, B;
-  while (std::scanf("%d %d %d %d", &parts, &min_keys, &bn, &B) == 4) {
+  int parts, min_keys, bn, R, E, B;
+  while (std::scanf("%d %d %d %d %d %d", &parts, &min_keys, &bn, &R, &E, &B) == 6) {
     std::vector<long long> n(B), prefix(B);
     for (int b = 0; b < B; ++b) std::scanf("%lld %lld", &n[b], &prefix[b]);
     std::vector<long long> c(B + 1, 0);
@@ -42,51 +46,71 @@ int main() {
     }
     const long long total = c[B];
     const int min_tiles = min_part_tiles(min_keys, bn, max_tiles);
-    const long long len = part_length(total, parts, min_tiles);
     const bool aligned = use_aligned(parts, B, total, max_tiles, min_tiles, bn);
-    std::printf("batch %lld %lld %d\n", total, len, aligned ? parts / B : 0);
-    if (aligned) {  // part p: piece p %% s of request p / s (common/request.cuh, next_segment)
+    const int E_grid = E;  // the launch's extra CTAs (the workspace's slots); part_begin's vote may idle them
+    bool cut = false;
+    for (int b = 0; b < B; ++b) cut = cut || cut_by_parts(c[b], c[b + 1] - c[b], part_length(total, parts, min_tiles));
+    if (!cut) E = 0;
+    const PartGeometry g = part_geometry(total, parts, R, E, min_tiles);
+    std::printf("batch %lld %lld %lld %lld %lld %d %d %d\n", total, g.w, g.rem_start, g.rem, g.le, aligned ? parts / B : 0,
+                slot_parts(parts, R, E_grid), E);
+    if (aligned) {  // part p: piece p %% s of request p / s in every row tile (next_segment); no extra CTA works
       const int s = parts / B;
-      for (int part = 0; part < parts && part / s < B; ++part) {
-        const int b = part / s, j = part % s;
-        const int kt = request_key_tiles(prefix[b], n[b], bn);
-        if (kt == 0) continue;
-        int pieces;
-        const Piece pc = aligned_piece(kt, s, j, min_tiles, pieces);
-        if (pc.t_begin >= pc.t_end) continue;
-        if (j == 0) std::printf("info %d %d %d\n", b, part, pieces);
-        std::printf("piece %d %d %d %d %d %d %d\n", part, b, pc.t_begin, pc.t_end, pc.head, pc.tail,
-                    piece_slot(part, pc.head));
-      }
-      std::printf("slots 1 2 4 3 4 6 5 6 8\n");
+      for (int t = 0; t < R; ++t)
+        for (int part = 0; part < parts && part / s < B; ++part) {
+          const int b = part / s, j = part % s;
+          const int kt = request_key_tiles(prefix[b], n[b], bn);
+          if (kt == 0) continue;
+          int pieces;
+          const Piece pc = aligned_piece(kt, s, j, min_tiles, pieces);
+          if (pc.t_begin >= pc.t_end) continue;
+          if (j == 0) std::printf("info %d %d %d %d\n", t, b, part, pieces);
+          std::printf("piece %d %d %d %d %d %d %d %d %d\n", part * R + t, t, part, b, pc.t_begin, pc.t_end, pc.head,
+                      pc.tail, piece_slot(part, pc.head));
+        }
       continue;
     }
-    for (int part = 0; part < parts; ++part) {
-      const long long lo = part * len;
-      if (lo >= total) continue;
-      const long long hi = lo + len < total ? lo + len : total;
-      int b = 0;
-      while (!(lo < c[b + 1])) ++b;  // the finder: the first request whose range passes lo
-      for (; b < B && c[b] < hi; ++b) {
-        const int kt = request_key_tiles(prefix[b], n[b], bn);
-        const Piece pc = piece_in_part(c[b], kt, lo, hi);
-        if (pc.t_begin >= pc.t_end) continue;
-        if (pc.t_begin == 0) {
-          const int last = part_of(c[b] + kOverheadTiles + kt - 1, len);
-          std::printf("info %d %d %d\n", b, part, last - part + 1);
-        }
-        std::printf("piece %d %d %d %d %d %d %d\n", part, b, pc.t_begin, pc.t_end, pc.head, pc.tail,
-                    piece_slot(part, pc.head));
+    // Every CTA's ranges (t, lo, hi, part): main CTA (t, p), then the extra ones across row tiles.
+    struct Range { int cta, t, part; long long lo, hi; };
+    std::vector<Range> ranges;
+    for (int part = 0; part < parts; ++part)
+      for (int t = 0; t < R; ++t) {
+        const long long lo = part * g.w, hi = lo + g.w < g.rem_start ? lo + g.w : g.rem_start;
+        if (lo < hi) ranges.push_back({part * R + t, t, part, lo, hi});
+      }
+    for (int e = 0; e < E; ++e) {
+      const long long x_lo = e * g.le, axis = static_cast<long long>(R) * g.rem;
+      const long long x_hi = x_lo + g.le < axis ? x_lo + g.le : axis;
+      for (long long x = x_lo; x < x_hi;) {
+        const int t = static_cast<int>(x / g.rem);
+        const long long end = (t + 1) * g.rem < x_hi ? (t + 1) * g.rem : x_hi;
+        ranges.push_back({parts * R + e, t, parts + e - first_extra_of(g, t), g.rem_start + x - t * g.rem,
+                          g.rem_start + end - t * g.rem});
+        x = end;
       }
     }
-    std::printf("slots");
-    for (int f = 0; f < 3; ++f)
-      for (int s = 0; s < 3; ++s) std::printf(" %d", request_piece_slot(f, s));
-    std::printf("\n");
+    for (const Range& r : ranges) {
+      int b = 0;
+      while (!(r.lo < c[b + 1])) ++b;  // the finder: the first request whose range passes lo
+      for (; b < B && c[b] < r.hi; ++b) {
+        const int kt = request_key_tiles(prefix[b], n[b], bn);
+        const Piece pc = piece_in_part(c[b], kt, r.lo, r.hi);
+        if (pc.t_begin >= pc.t_end) continue;
+        if (pc.t_begin == 0) {
+          const int last = part_at(g, parts, r.t, c[b] + kOverheadTiles + kt - 1);
+          std::printf("info %d %d %d %d\n", r.t, b, r.part, last - r.part + 1);
+        }
+        std::printf("piece %d %d %d %d %d %d %d %d %d\n", r.cta, r.t, r.part, b, pc.t_begin, pc.t_end, pc.head,
+                    pc.tail, piece_slot(r.part, pc.head));
+      }
+    }
   }
-  // The plan's part count for row tiles 1..300 on 132 and 188 SMs, and split lengths.
+  // The plan's part count for row tiles 1..300 on 132 and 188 SMs, its extra CTAs, and split lengths.
   for (int sms : {132, 188})
-    for (int rt = 1; rt <= 300; ++rt) std::printf("parts %d %d %d\n", sms, rt, choose_parts(rt, sms));
+    for (int rt = 1; rt <= 300; ++rt) {
+      const int p = choose_parts(rt, sms);
+      std::printf("parts %d %d %d %d\n", sms, rt, p, extra_ctas(8, rt, p, sms));
+    }
   for (long long k = 1; k <= (1LL << 25); k = k < 3000 ? k + 1 : k * 5 / 4 + 7)
     std::printf("auto %lld %d\n", k, auto_split_tiles(static_cast<int>(k)));
   return 0;
@@ -105,9 +129,13 @@ def _round_sqrt_third(k: int) -> int:
 
 
 def _batches(rng: random.Random) -> list:
-    """(parts, min_keys, bn, [(n, prefix)]): hostile-but-legal batches."""
-    out = [(14, 0, 64, [(65, 8192)] * 8), (1, 64, 32, [(16, 1000)] * 3), (66, 0, 64, [(8, 8192)]),
-           (128, 0, 64, [(0, 500), (3, 0), (0, 0), (1, 1)]), (7, 64, 32, [(0, 100)] * 5 + [(5, 70)])]
+    """(parts, min_keys, bn, row_tiles, extra, [(n, prefix)]): hostile-but-legal batches, with the
+    extra CTAs a 132- or 188-SM GPU gives the plan (s3) and some forced ones."""
+    out = [(14, 0, 64, 9, 6, [(65, 8192)] * 8), (1, 64, 32, 2, 0, [(16, 1000)] * 3), (66, 0, 64, 2, 0, [(8, 8192)]),
+           (128, 0, 64, 1, 0, [(0, 500), (3, 0), (0, 0), (1, 1)]), (7, 64, 32, 17, 13, [(0, 100)] * 5 + [(5, 70)]),
+           (7, 0, 64, 17, 13, [(129, 8192)] * 8), (8, 0, 64, 16, 4, [(64, 32768)] + [(64, 1024)] * 31),
+           (1, 0, 64, 100, 32, [(200, 5000), (3, 40000), (0, 7)]),
+           (16, 0, 64, 8, 4, [(64, 1024)] * 32), (16, 0, 64, 8, 4, [(64, 2048)] * 32)]  # cut-free rectangles
     for _ in range(300):
         B = rng.choice([1, 2, 3, 8, 31, 64, 300])
         reqs = []
@@ -117,7 +145,10 @@ def _batches(rng: random.Random) -> list:
             reqs.append((n, prefix))
         parts = rng.choice([1, 2, 3, 9, 14, 29, 66, 128])
         min_keys = rng.choice([0, 0, 64, 512, 4096])
-        out.append((parts, min_keys, rng.choice([32, 64]), reqs))
+        R = rng.choice([1, 2, 5, 9, 17, 33])
+        sms = rng.choice([132, 188, R * parts + rng.randrange(1, 40)])
+        E = max(0, sms - R * parts) if B > 1 else 0
+        out.append((parts, min_keys, rng.choice([32, 64]), R, E, reqs))
     return out
 
 
@@ -133,63 +164,82 @@ def program(tmp_path_factory):
 
 def test_every_tile_once_pieces_in_the_combines_slots(program):
     batches = _batches(random.Random(20261202))
-    stdin = "".join(f"{p} {mk} {bn} {len(reqs)} " + " ".join(f"{n} {pre}" for n, pre in reqs) + "\n"
-                    for p, mk, bn, reqs in batches)
+    stdin = "".join(f"{p} {mk} {bn} {R} {E} {len(reqs)} " + " ".join(f"{n} {pre}" for n, pre in reqs) + "\n"
+                    for p, mk, bn, R, E, reqs in batches)
     out = subprocess.run([str(program)], input=stdin, capture_output=True, text=True, timeout=120, check=True).stdout
     blocks = out.split("batch ")[1:]
     assert len(blocks) == len(batches)
-    modes = set()
-    for (parts, min_keys, bn, reqs), block in zip(batches, blocks):
+    modes, remainder_used, balanced, idled = set(), 0, 0, 0
+    for (parts, min_keys, bn, R, E_grid, reqs), block in zip(batches, blocks):
         lines = block.strip().split("\n")
-        total, length, aligned = map(int, lines[0].split())
+        total, w, rem_start, rem, le, aligned, slot_parts, E = map(int, lines[0].split())
         pieces, info = [], {}
         for line in lines[1:]:
-            w = line.split()
-            if w[0] == "piece":
-                pieces.append(tuple(map(int, w[1:])))
-            elif w[0] == "info":
-                b, f, k = map(int, w[1:])
-                assert b not in info, "one record a request"
-                info[b] = (f, k)
-            elif w[0] == "slots":
-                assert list(map(int, w[1:])) == [1, 2, 4, 3, 4, 6, 5, 6, 8]
-        ctx = (parts, min_keys, bn, len(reqs))
-        assert length * parts >= total, ctx
+            f = line.split()
+            if f[0] == "piece":
+                pieces.append(tuple(map(int, f[1:])))
+            elif f[0] == "info":
+                t, b, first, k = map(int, f[1:])
+                assert (t, b) not in info, "one record a (request, row tile)"
+                info[(t, b)] = (first, k)
+        ctx = (parts, min_keys, bn, R, E_grid, E, len(reqs))
+        assert E in (0, E_grid), ctx
         modes.add(aligned > 0)
-        used = {p for p, *_ in pieces}
-        assert all(0 <= p < parts for p in used), ctx
+        if not aligned:
+            assert rem_start <= total and rem == total - rem_start and parts * w >= rem_start, ctx
+            assert E > 0 or rem == 0, ctx
+            # every CTA the same share of R row tiles' work and the extra CTAs' R - 1 crossings
+            ideal = -(-(R * total + 4 * (R - 1)) // (R * parts + E))
+            if E > 0 and w == ideal:  # (unless the smallest part or the rectangle's end bound w)
+                balanced += 1
+                # an extra CTA's share and its average row-tile crossings' starts: a main part's
+                assert le * E + 4 * (R - 1) <= (w + 1) * E, (ctx, "an extra CTA's share exceeds a main part's", le, w)
+            remainder_used += any(part >= parts for _, _, part, *_ in pieces)
+        assert slot_parts == parts + (min(E_grid, E_grid // R + 2) if E_grid > 0 else 0), ctx
         work = {}
-        for b, (n, prefix) in enumerate(reqs):
-            kt = (-(-prefix // bn) + -(-n // bn)) if n > 0 else 0
-            mine = sorted((p, t0, t1, head, tail, slot) for p, bb, t0, t1, head, tail, slot in pieces if bb == b)
-            if kt == 0:
-                assert not mine and b not in info, (ctx, b)
-                continue
-            # the tiles, once, in order, over consecutive parts
-            assert [t for p, t0, t1, *_ in mine for t in range(t0, t1)] == list(range(kt)), (ctx, b, mine)
-            ps = [p for p, *_ in mine]
-            assert ps == list(range(ps[0], ps[0] + len(ps))), (ctx, b, ps)
-            f, k = info[b]
-            assert (f, k) == (ps[0], len(ps)), (ctx, b)
-            for s, (p, t0, t1, head, tail, slot) in enumerate(mine):
-                assert head == (t0 > 0) and tail == (t1 < kt)
-                if k > 1:  # the combine reads piece s from slot request_piece_slot(f, s)
-                    assert slot == (2 * f + 1 if s == 0 else 2 * (f + s)), (ctx, b, s, slot)
-            for p, t0, t1, *_ in mine:
-                work[p] = work.get(p, 0) + (t1 - t0) + (4 if t0 == 0 else 0)
-        split = [(p, slot) for p, b, t0, t1, head, tail, slot in pieces if head or tail]
-        assert len({slot for _, slot in split}) == len(split), (ctx, "two pieces share a slot")
-        assert all(slot < 2 * parts for _, slot in split)
-        if aligned:  # one piece a part, pieces of ceil(tiles / k) tiles
-            assert len(used) == len(pieces), ctx
+        for t in range(R):
             for b, (n, prefix) in enumerate(reqs):
-                if b in info:
-                    assert info[b][0] == b * aligned and info[b][1] <= aligned, (ctx, b)
+                kt = (-(-prefix // bn) + -(-n // bn)) if n > 0 else 0
+                mine = sorted((part, t0, t1, head, tail, slot) for _, tt, part, bb, t0, t1, head, tail, slot in pieces
+                              if bb == b and tt == t)
+                if kt == 0:
+                    assert not mine and (t, b) not in info, (ctx, t, b)
+                    continue
+                # the tiles, once, in order, over consecutive (virtual) parts
+                assert [x for _, t0, t1, *_ in mine for x in range(t0, t1)] == list(range(kt)), (ctx, t, b, mine)
+                ps = [part for part, *_ in mine]
+                assert ps == list(range(ps[0], ps[0] + len(ps))), (ctx, t, b, ps)
+                first, k = info[(t, b)]
+                assert (first, k) == (ps[0], len(ps)), (ctx, t, b, info[(t, b)], ps)
+                for i, (part, t0, t1, head, tail, slot) in enumerate(mine):
+                    assert head == (t0 > 0) and tail == (t1 < kt)
+                    if k > 1:  # the combine reads piece i from slot request_piece_slot(first, i)
+                        assert slot == (2 * first + 1 if i == 0 else 2 * (first + i)), (ctx, t, b, i, slot)
+        for cta, t, part, b, t0, t1, head, tail, slot in pieces:
+            work[cta] = work.get(cta, 0) + (t1 - t0) + (4 if t0 == 0 else 0)
+        split = [(t, slot, cta) for cta, t, part, b, t0, t1, head, tail, slot in pieces if head or tail]
+        assert len({(t, slot) for t, slot, _ in split}) == len(split), (ctx, "two pieces share a slot's rows")
+        assert all(slot < 2 * slot_parts for _, slot, _ in split), (ctx, slot_parts)
+        per_range = collections.Counter((cta, t) for t, _, cta in split)
+        assert max(per_range.values(), default=0) <= 2, (ctx, "a CTA holds at most a head and a tail a row tile")
+        if aligned:  # one piece a part and row tile, pieces of ceil(tiles / k) tiles; the extra CTAs idle
+            assert all(cta < R * parts for cta, *_ in pieces), ctx
+            for (t, b), (first, k) in info.items():
+                assert first == b * aligned and k <= aligned, (ctx, t, b)
         else:
-            assert all(w <= length + 4 for w in work.values()), (ctx, work, length)  # a start's overhead may spill in
-        if parts == 1:
-            assert all(not head and not tail for _, _, _, _, head, tail, _ in pieces)
+            for cta, wk in work.items():
+                if cta < R * parts:
+                    assert wk <= w + 4, (ctx, cta, wk, w)  # a start's overhead may spill in
+                else:
+                    ranges = len({t for c2, t, *_ in pieces if c2 == cta})
+                    assert wk <= le + 4 * ranges, (ctx, cta, wk, le)
+        if (parts == 1 or E_grid > 0) and E == 0 and not aligned:
+            # one part, or the vote idled the extra CTAs: the rectangle cuts no request
+            assert all(not head and not tail for *_, head, tail, _ in pieces), ctx
+            idled += E_grid > 0
     assert modes == {True, False}, "the batches reach both modes"
+    assert remainder_used > 50 and balanced > 50, "the batches give the extra CTAs work, their share balanced"
+    assert idled >= 2, "cut-free rectangles keep their extra CTAs idle"
 
 
 def test_split_length_rule_and_the_plans_part_count(program):
@@ -199,10 +249,18 @@ def test_split_length_rule_and_the_plans_part_count(program):
     for k, m in autos:
         assert m == _round_sqrt_third(k), (k, m)
     assert dict(autos)[129] == 4 and dict(autos)[513] == 8 and dict(autos)[17] == 1
-    parts = {(s, rt): p for s, rt, p in (tuple(map(int, line.split()[1:])) for line in out.split("\n") if line.startswith("parts "))}
+    rows = [tuple(map(int, line.split()[1:])) for line in out.split("\n") if line.startswith("parts ")]
+    parts = {(s, rt): p for s, rt, p, _ in rows}
+    extra = {(s, rt): e for s, rt, _, e in rows}
     for (sms, rt), p in parts.items():
         waves = -(-rt // sms)  # the fewest waves row tiles alone need
         assert p == max(1, min(128, waves * sms // rt)), (sms, rt, p)  # as many parts as fill them
+        # s3: a one-wave batch grid's idle SMs become extra CTAs
+        # when they are enough to take at most two row tiles' remainders each
+        idle = sms - rt * p
+        assert extra[(sms, rt)] == (idle if idle > 0 and 2 * idle >= rt else 0), (sms, rt)
+    assert extra[(132, 9)] == 6 and extra[(132, 17)] == 13 and extra[(132, 8)] == 4 and extra[(132, 2)] == 0
+    assert extra[(132, 16)] == 0 and extra[(132, 128)] == 0 and extra[(188, 17)] == 0  # 16 x 8 = 128: 4 for 16
     assert parts[(132, 9)] == 14    # B8 H8 n65: one wave of 126 CTAs
     assert parts[(132, 17)] == 7    # one wave of 119 (s1: 2 waves of 255 measured 35% slower at B = 1)
     assert parts[(132, 1)] == 128   # the kMaxSplits bound

@@ -70,7 +70,8 @@ __device__ __forceinline__ const float4* load_pieces(const WorkspaceView& ws, in
 // load the request's indices (inputs, which that kernel does not write), and wait for it to
 // complete (griddepcontrol.wait) before reading its partials. Without PDL the wait returns at once.
 template <class Cfg, class Lay, bool kPdl>
-__global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const KdtreeVerifyParams p, int num_row_tiles) {
+__global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const KdtreeVerifyParams p, int num_row_tiles,
+                                                                        int num_slot_parts) {
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int r = blockIdx.x * Lay::kRowsPerBlock + warp / Lay::kWarpsPerRow;
@@ -81,7 +82,8 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
     req = load_request(p, b);
     pdl_wait_primary();
   }
-  const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM);
+  // num_slot_parts: the main parts and a row tile's remainder's (s3), as the launch sized them.
+  const WorkspaceView ws = workspace_view(p.workspace, num_slot_parts, num_row_tiles, Cfg::kM);
   // Piece s of the request is in slot 2 f + 1 (s = 0) or 2 (f + s) for its first part f, which the
   // main kernel records. One L2 round trip (h38, h38b) for that record, the request's indices, the
   // row's lse over the pieces and the first kFirst pieces' partials (the weights only scale them), at
@@ -93,11 +95,12 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   // plans are the many-row ones where one more round trip is a small share.)
   constexpr bool kGuess = Lay::kColsPerWarp != kVDim;
   const int f_guess = b * (p.num_splits / p.batch);
-  const int max_pieces = p.num_splits - f_guess;
+  const int max_pieces = num_slot_parts - f_guess;
   const int64_t split_stride4 = ws.rows_per_slot * (kVDim / 4);
   float4 first[Lay::kFirst][Lay::kF4];
   float lse_l[kMaxSplits / 32];
-  const int2 info = ws.request[b];  // (first part, pieces): written by this launch's main kernel
+  // (first part, pieces) of the request in this row's row tile: written by this launch's main kernel
+  const int2 info = ws.request[static_cast<int64_t>(b) * num_row_tiles + r / Cfg::kM];
   const float4* src = nullptr;
   if constexpr (kGuess) src = load_pieces<Lay>(ws, r, col0, lane, split_stride4, f_guess, max_pieces, first, lse_l);
   if constexpr (!kPdl) req = load_request(p, b);
@@ -105,7 +108,7 @@ __global__ void __launch_bounds__(Lay::kThreads) combine_splits_kernel(const Kdt
   if (r >= req.n * H) return;
   const int pieces = info.y;
   if (pieces <= 1) return;
-  if (info.x < 0 || info.x + pieces > p.num_splits) __trap();  // the main kernel wrote no such record
+  if (info.x < 0 || info.x + pieces > num_slot_parts) __trap();  // the main kernel wrote no such record
   if (!kGuess || info.x != f_guess) src = load_pieces<Lay>(ws, r, col0, lane, split_stride4, info.x, pieces, first, lse_l);
 #pragma unroll
   for (int k = 0; k < kMaxSplits / 32; ++k) lse_l[k] = lane + 32 * k < pieces ? lse_l[k] : -CUDART_INF_F;

@@ -9,7 +9,8 @@
 namespace kdtree {
 
 template <class Cfg, class Lay, bool kPdl>
-inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
+inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_tiles, int slot_parts,
+                                         cudaStream_t stream) {
   const dim3 grid((row_tiles * Cfg::kM + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
   if constexpr (kPdl) {
     cudaLaunchConfig_t cfg = {};
@@ -21,15 +22,15 @@ inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_ti
     pdl.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &pdl;
     cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, combine_splits_kernel<Cfg, Lay, true>, p, row_tiles);
+    return cudaLaunchKernelEx(&cfg, combine_splits_kernel<Cfg, Lay, true>, p, row_tiles, slot_parts);
   } else {
-    combine_splits_kernel<Cfg, Lay, false><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles);
+    combine_splits_kernel<Cfg, Lay, false><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles, slot_parts);
     return cudaGetLastError();
   }
 }
 
-// Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows (both
-// launchers), in the layout the expected pieces a request pick (the plan's parts over the batch:
+// Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows and `extra`
+// remainder CTAs (s3; both launchers), in the layout the expected pieces a request pick (the plan's parts over the batch:
 // ceil(parts / batch); the layouts were measured by split count, when every request had the plan's
 // count); returns the launch's error.
 // kPdl: up to kCombinePdlMaxSplits pieces a request, the merge is launched as a programmatic dependent
@@ -38,13 +39,15 @@ inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_ti
 // plans of 17-128 splits) ~2% slower: there the device-side wait costs more than the kernel boundary.
 constexpr int kCombinePdlMaxSplits = 4;
 template <class Cfg, bool kPdl = false>
-inline cudaError_t launch_combine(const KdtreeVerifyParams& p, int row_tiles, cudaStream_t stream) {
+inline cudaError_t launch_combine(const KdtreeVerifyParams& p, int row_tiles, int extra, cudaStream_t stream) {
   const int pieces = (p.num_splits + p.batch - 1) / p.batch;
-  if (pieces >= kCombineQuarterMinSplits) return launch_combine_layout<Cfg, CombineQuarterRows, false>(p, row_tiles, stream);
+  const int sp = slot_parts(p.num_splits, row_tiles, extra);
+  if (pieces >= kCombineQuarterMinSplits)
+    return launch_combine_layout<Cfg, CombineQuarterRows, false>(p, row_tiles, sp, stream);
   if constexpr (kPdl) {
-    if (pieces <= kCombinePdlMaxSplits) return launch_combine_layout<Cfg, CombineWholeRows, true>(p, row_tiles, stream);
+    if (pieces <= kCombinePdlMaxSplits) return launch_combine_layout<Cfg, CombineWholeRows, true>(p, row_tiles, sp, stream);
   }
-  return launch_combine_layout<Cfg, CombineWholeRows, false>(p, row_tiles, stream);
+  return launch_combine_layout<Cfg, CombineWholeRows, false>(p, row_tiles, sp, stream);
 }
 
 }  // namespace kdtree

@@ -41,15 +41,20 @@ class KernelFamily {
   int smem_bytes() const { return smem_bytes_; }
 
   // Before a launch of `p` in tiles of `rows_per_tile` rows: the current device's shared-memory
-  // attribute (set once per device), the workspace, the grid's row-tile limit. Fills row_tiles.
-  int prepare(const KdtreeVerifyParams& p, int rows_per_tile, int& row_tiles, char* err, size_t err_len) {
+  // attribute (set once per device), the workspace, the grid's row-tile limit. Fills row_tiles and
+  // extra (s3: the remainder CTAs of a batch launch, from the device's SM count as the plan had it).
+  int prepare(const KdtreeVerifyParams& p, int rows_per_tile, int& row_tiles, int& extra, char* err, size_t err_len) {
     int device = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return report(KDTREE_ERR_CUDA, err, err_len, "cudaGetDevice failed: %s", cudaGetErrorString(e));
     int rc = ensure_smem_attribute(device, err, err_len);
     if (rc != KDTREE_OK) return rc;
+    int sms = 0;
+    rc = device_sms(device, sms, err, err_len);
+    if (rc != KDTREE_OK) return rc;
     row_tiles = row_tiles_for(p.num_heads, p.max_qo_len, rows_per_tile);
-    rc = check_workspace(p, row_tiles, rows_per_tile, err, err_len);
+    extra = extra_ctas(p.batch, row_tiles, p.num_splits, sms);
+    rc = check_workspace(p, row_tiles, rows_per_tile, extra, err, err_len);
     if (rc != KDTREE_OK) return rc;
     if (row_tiles > 65535 * 64) return report(KDTREE_ERR_UNSUPPORTED, err, err_len, "too many query rows per request");
     return KDTREE_OK;
@@ -89,6 +94,20 @@ class KernelFamily {
   }
 
  private:
+  // The device's SM count, read once per device.
+  int device_sms(int device, int& sms, char* err, size_t err_len) {
+    const bool known = device >= 0 && device < kMaxDevices;
+    if (known) {
+      sms = sms_[device].load(std::memory_order_acquire);
+      if (sms > 0) return KDTREE_OK;
+    }
+    const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess || sms < 1)
+      return report(KDTREE_ERR_CUDA, err, err_len, "cannot read device %d's SM count: %s", device, cudaGetErrorString(e));
+    if (known) sms_[device].store(sms, std::memory_order_release);
+    return KDTREE_OK;
+  }
+
   int ensure_smem_attribute(int device, char* err, size_t err_len) {
     const bool known = device >= 0 && device < kMaxDevices;
     if (known && smem_set_[device].load(std::memory_order_acquire)) return KDTREE_OK;
@@ -110,6 +129,7 @@ class KernelFamily {
   int smem_bytes_;
   Kernel kernels_[N];
   std::atomic<bool> smem_set_[kMaxDevices] = {};
+  std::atomic<int> sms_[kMaxDevices] = {};
 };
 
 }  // namespace kdtree

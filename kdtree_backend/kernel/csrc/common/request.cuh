@@ -58,7 +58,27 @@ struct CtaWork {
   bool direct;  // the segment holds all of the request's tiles: it writes `out`
   int slot;     // otherwise its partials' workspace slot (common/schedule.cuh)
   bool last;    // no later request starts inside the part (the part's last segment, barring empty ones)
+  int row_tile; // the segment's row tile (an extra CTA's segments lie in one or two row tiles, s3)
 };
+
+// The launch's row tiles and extra CTAs (s3), from the parameters and the grid as the launcher set
+// them: the batch instantiation's 1-D grid holds row tiles x parts main CTAs and then the extra ones;
+// the single-request instantiation's 2-D grid (row tiles, parts) has none.
+template <class Cfg>
+__device__ __forceinline__ int launch_row_tiles(const KdtreeVerifyParams& p) {
+  return row_tiles_of(p.num_heads, p.max_qo_len, Cfg::kM);
+}
+template <class Cfg>
+__device__ __forceinline__ int launch_extra(const KdtreeVerifyParams& p) {
+  const int64_t e = static_cast<int64_t>(grid_dim_x()) - static_cast<int64_t>(launch_row_tiles<Cfg>(p)) * p.num_splits;
+  return e > 0 ? static_cast<int>(e) : 0;
+}
+// The launch's workspace (its slots: the main parts and a row tile's remainder's).
+template <class Cfg>
+__device__ __forceinline__ WorkspaceView launch_workspace(const KdtreeVerifyParams& p) {
+  const int R = launch_row_tiles<Cfg>(p);
+  return workspace_view(p.workspace, slot_parts(p.num_splits, R, launch_extra<Cfg>(p)), R, Cfg::kM);
+}
 
 // The part schedule's state in shared memory (a member of each kernel's SharedStorage): the scan's
 // scratch, the part's range, the walk's position and the next segment. Thread 0 walks
@@ -67,10 +87,17 @@ struct CtaWork {
 struct ScheduleScratch {
   int64_t warp_cost[32];   // each warp's sum of its requests' costs
   int64_t first_index[4];  // the part's first request: qo_indptr[b], [b + 1], kv_indptr[b], [b + 1]
-  int64_t lo, hi, len;     // the part's range of the cost axis, and the part length
+  int64_t rem_index[4];    // an extra CTA's: the request at the remainder's start (s3), its entries
+  PartGeometry geom;       // where the parts lie on each row tile's cost axis (cut mode)
+  int64_t lo, hi;          // the current range of the row tile's cost axis
+  int64_t x_hi;            // an extra CTA's end on the remainder axis
   int64_t next_c;          // the walk's position: the next request's cost position
+  int64_t rem_c;           // the remainder's first request's cost position
   int warp_max_tiles[32];  // each warp's longest request in key tiles
-  int part;
+  int part;                // the (virtual) part of the current range
+  int row_tile;            // the current range's row tile
+  int extra;               // -1: a main CTA; else the extra CTA's index
+  int rem_b;               // the remainder's first request
   int next_b;              // the next request to look at
   int has_first;           // first_index holds request next_b's index entries (the first request only)
   int aligned;             // 0: the cut over the cost axis; s >= 1: the aligned mode, s parts a request
@@ -99,6 +126,7 @@ __device__ __forceinline__ bool fill_work(const KdtreeVerifyParams& p, const Req
   cw.direct = !pc.head && !pc.tail;
   cw.slot = piece_slot(part, pc.head);
   cw.last = last;
+  cw.row_tile = row_tile;
   return true;
 }
 
@@ -111,12 +139,14 @@ __device__ __forceinline__ bool fill_segment(const KdtreeVerifyParams& p, const 
   return true;
 }
 
-// One thread only: the part's next segment that has rows in `row_tile`, from the walk's position in
-// `sc`, into sc.seg (sc.more = 0 when the part is done), and the new position. The CTA of row tile 0
-// that holds a request's first tile records (first part, pieces) for the combine. The caller syncs
+// One thread only: the part's next segment that has rows in its row tile, from the walk's position
+// in `sc`, into sc.seg (sc.more = 0 when the part is done), and the new position. An extra CTA (s3)
+// whose range goes on into the next row tile's remainder moves there. The CTA that holds a request's
+// first tile in a row tile records (first part, pieces) there for the combine. The caller syncs
 // before any thread reads sc.seg.
 template <class Cfg>
-__device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int row_tile, ScheduleScratch& sc) {
+__device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, ScheduleScratch& sc) {
+  const int R = launch_row_tiles<Cfg>(p);
   if (sc.aligned > 0) {  // one segment: piece part % s of request part / s
     sc.more = 0;
     if (!sc.has_first) return;
@@ -129,49 +159,128 @@ __device__ __forceinline__ void next_segment(const KdtreeVerifyParams& p, int ro
     const int j = sc.part % sc.aligned;
     const Piece pc = aligned_piece(kt, sc.aligned, j, sc.min_tiles, pieces);
     if (pc.t_begin >= pc.t_end) return;
-    if (row_tile == 0 && j == 0 && p.num_splits > 1) {
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
-      ws.request[b] = make_int2(sc.part, pieces);
+    if (j == 0 && p.num_splits > 1) {
+      const WorkspaceView ws = launch_workspace<Cfg>(p);
+      ws.request[static_cast<int64_t>(b) * R + sc.row_tile] = make_int2(sc.part, pieces);
     }
-    fill_segment<Cfg>(p, req, b, kt, pc, sc.part, true, row_tile, sc);
+    fill_segment<Cfg>(p, req, b, kt, pc, sc.part, true, sc.row_tile, sc);
     return;
   }
-  const int64_t lo = sc.lo, hi = sc.hi;
   int b = sc.next_b;
   int64_t c_b = sc.next_c;
   bool has_first = sc.has_first != 0;
   sc.more = 0;
-  for (; c_b < hi && b < p.batch; has_first = false) {
-    const RequestView req = has_first ? request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2],
-                                                     sc.first_index[3])
-                                      : load_request(p, b);
-    const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
-    const int64_t c_this = c_b;
-    const int b_this = b;
-    c_b += request_cost(kt);
-    ++b;
-    const Piece pc = piece_in_part(c_this, kt, lo, hi);
-    if (pc.t_begin >= pc.t_end) continue;
-    if (row_tile == 0 && pc.t_begin == 0 && p.num_splits > 1) {
-      const int last_part = part_of(c_this + kOverheadTiles + kt - 1, sc.len);
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
-      ws.request[b_this] = make_int2(sc.part, last_part - sc.part + 1);
+  for (;;) {
+    const int64_t lo = sc.lo, hi = sc.hi;
+    const int t = sc.row_tile;
+    const bool more_row_tiles = sc.extra >= 0 && t + 1 < R && static_cast<int64_t>(t + 1) * sc.geom.rem < sc.x_hi;
+    bool found = false;
+    for (; c_b < hi && b < p.batch; has_first = false) {
+      const RequestView req = has_first ? request_view(p, sc.first_index[0], sc.first_index[1], sc.first_index[2],
+                                                       sc.first_index[3])
+                                        : load_request(p, b);
+      const int kt = request_key_tiles(req.prefix, req.n, Cfg::kBN);
+      const int64_t c_this = c_b;
+      const int b_this = b;
+      c_b += request_cost(kt);
+      ++b;
+      const Piece pc = piece_in_part(c_this, kt, lo, hi);
+      if (pc.t_begin >= pc.t_end) continue;
+      if (pc.t_begin == 0 && split_launch(p.num_splits, launch_extra<Cfg>(p))) {
+        const int last_part = part_at(sc.geom, p.num_splits, t, c_this + kOverheadTiles + kt - 1);
+        const WorkspaceView ws = launch_workspace<Cfg>(p);
+        ws.request[static_cast<int64_t>(b_this) * R + t] = make_int2(sc.part, last_part - sc.part + 1);
+      }
+      const bool last = !(c_b < hi && b < p.batch) && !more_row_tiles;
+      if (fill_segment<Cfg>(p, req, b_this, kt, pc, sc.part, last, t, sc)) {
+        found = true;
+        break;
+      }
     }
-    if (fill_segment<Cfg>(p, req, b_this, kt, pc, sc.part, !(c_b < hi && b < p.batch), row_tile, sc)) break;
+    if (found || !more_row_tiles) break;
+    // The range is done; an extra CTA goes on with the next row tile's remainder, from its start.
+    const int tn = t + 1;
+    const PartGeometry& g = sc.geom;
+    const int64_t xs = static_cast<int64_t>(tn) * g.rem;
+    sc.row_tile = tn;
+    sc.lo = g.rem_start;
+    sc.hi = g.rem_start + (sc.x_hi - xs < g.rem ? sc.x_hi - xs : g.rem);
+    sc.part = p.num_splits + sc.extra - first_extra_of(g, tn);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc.first_index[i] = sc.rem_index[i];
+    b = sc.rem_b;
+    c_b = sc.rem_c;
+    has_first = true;
   }
   sc.next_b = b;
   sc.next_c = c_b;
   sc.has_first = 0;
 }
 
-// Block-wide (every thread calls it, once; walk_part below): the batch's cost prefix over the requests
-// (each thread sums a contiguous chunk of requests, then a block scan), the mode and the part's range,
-// and the request that holds the part's first position with its index entries, all into `sc` by the
-// thread that read that request, before one __syncthreads; thread 0 then finds the first segment
-// (next_segment). False: the part is empty (the batch has less work than the grid); the same on
-// every thread. (Launches of one request run the single-request instantiation: walk_part<Cfg, true>.)
+// One thread's part of finding the request that holds cost position x: true for the thread whose
+// chunk [b_lo, b_hi) (starting at cost position excl, `sum` long, its first request's entries in
+// idx0) holds x; it returns the request, its cost position and its index entries.
+__device__ __forceinline__ bool find_in_chunk(const KdtreeVerifyParams& p, int bn, int64_t x, int64_t excl, int64_t sum,
+                                              int b_lo, int b_hi, const int64_t (&idx0)[4], int& b_out,
+                                              int64_t& c_out, int64_t (&idx)[4]) {
+  if (!(sum > 0 && excl <= x && x < excl + sum)) return false;
+  const bool qo64 = p.qo_indptr_is_int64 != 0;
+  const bool kv64 = p.kv_indptr_is_int64 != 0;
+  int64_t c = excl;
+  int64_t q_prev = idx0[0], k_prev = idx0[2];
+  for (int b = b_lo; b < b_hi; ++b) {
+    const int64_t q_next = b == b_lo ? idx0[1] : load_index(p.qo_indptr, b + 1, qo64);
+    const int64_t k_next = b == b_lo ? idx0[3] : load_index(p.kv_indptr, b + 1, kv64);
+    const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
+    const int64_t cost = request_cost(request_key_tiles(r.prefix, r.n, bn));
+    if (x < c + cost) {
+      b_out = b;
+      c_out = c;
+      idx[0] = q_prev;
+      idx[1] = q_next;
+      idx[2] = k_prev;
+      idx[3] = k_next;
+      return true;
+    }
+    c += cost;
+    q_prev = q_next;
+    k_prev = k_next;
+  }
+  return false;
+}
+
+// One thread's part of the rectangle's vote (part_begin): true when a request of its chunk [b_lo,
+// b_hi) (starting at cost position excl, its first request's entries in idx0) lies across a boundary
+// of parts `len` long.
+__device__ __forceinline__ bool chunk_cut_by_parts(const KdtreeVerifyParams& p, int bn, int64_t excl, int b_lo,
+                                                   int b_hi, const int64_t (&idx0)[4], int64_t len) {
+  const bool qo64 = p.qo_indptr_is_int64 != 0;
+  const bool kv64 = p.kv_indptr_is_int64 != 0;
+  int64_t c = excl;
+  int64_t q_prev = idx0[0], k_prev = idx0[2];
+  for (int b = b_lo; b < b_hi; ++b) {
+    const int64_t q_next = b == b_lo ? idx0[1] : load_index(p.qo_indptr, b + 1, qo64);
+    const int64_t k_next = b == b_lo ? idx0[3] : load_index(p.kv_indptr, b + 1, kv64);
+    const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
+    const int64_t cost = request_cost(request_key_tiles(r.prefix, r.n, bn));
+    if (cut_by_parts(c, cost, len)) return true;
+    c += cost;
+    q_prev = q_next;
+    k_prev = k_next;
+  }
+  return false;
+}
+
+// Block-wide (every thread calls it, once; walk_part below) for CTA `cta` of the batch grid: the
+// batch's cost prefix over the requests (each thread sums a contiguous chunk of requests, then a
+// block scan), the mode, the CTA's part and range (a main CTA: part cta / R of row tile cta % R; an
+// extra one, s3: its cut of the row tiles' remainders laid end to end), and the request that holds
+// the range's first position (and, for an extra CTA, the remainder's first) with its index entries,
+// written by the thread that read it, before one __syncthreads; thread 0 then finds the first
+// segment (next_segment). False: nothing for this CTA (the batch has less work than the grid); the
+// same on every thread. (Launches of one request run the single-request instantiation.)
 template <class Cfg>
-__device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part, ScheduleScratch& sc) {
+__device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int cta, ScheduleScratch& sc) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   constexpr int kWarps = Cfg::kThreads / 32;
   static_assert(Cfg::kThreads % 32 == 0 && kWarps <= 32, "the schedule's scan takes whole warps, at most 32");
@@ -222,16 +331,24 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
     total += c;
     batch_max_tiles = max(batch_max_tiles, sc.warp_max_tiles[w]);
   }
+  const int R = launch_row_tiles<Cfg>(p);
+  const int P = p.num_splits;
+  const int main_ctas = R * P;
   const int min_tiles = min_part_tiles(p.min_keys_per_split, Cfg::kBN, batch_max_tiles);
-  if (use_aligned(p.num_splits, p.batch, total, batch_max_tiles, min_tiles, Cfg::kBN)) {
-    // The aligned mode: this part is piece `part % s` of request `part / s` (the same on every thread).
-    const int s = p.num_splits / p.batch;
+  if (use_aligned(P, p.batch, total, batch_max_tiles, min_tiles, Cfg::kBN)) {
+    // The aligned mode: this part is piece `part % s` of request `part / s` (the same on every
+    // thread); extra CTAs have nothing.
+    if (cta >= main_ctas) return false;
+    const int part = cta / R;
+    const int s = P / p.batch;
     const int b = part / s;
     if (b >= p.batch) return false;
     if (b_lo <= b && b < b_hi) {  // the thread that read request b's entries
       sc.aligned = s;
       sc.min_tiles = min_tiles;
       sc.part = part;
+      sc.row_tile = cta - part * R;
+      sc.extra = -1;
       sc.next_b = b;
       sc.has_first = 1;
       if (b == b_lo) {
@@ -247,38 +364,60 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
     __syncthreads();
     return true;
   }
-  const int64_t len = part_length(total, p.num_splits, min_tiles);
-  const int64_t lo = static_cast<int64_t>(part) * len;
-  if (lo >= total) return false;  // the same on every thread
-  // The one thread whose chunk holds position lo names the request there (thread 0's next_segment
-  // then finds the first segment).
-  if (sum > 0 && excl <= lo && lo < excl + sum) {
-    int64_t c = excl;
-    int64_t q_prev = idx0[0], k_prev = idx0[2];
-    for (int b = b_lo; b < b_hi; ++b) {
-      const int64_t q_next = b == b_lo ? idx0[1] : load_index(p.qo_indptr, b + 1, qo64);
-      const int64_t k_next = b == b_lo ? idx0[3] : load_index(p.kv_indptr, b + 1, kv64);
-      const RequestView r = request_view(p, q_prev, q_next, k_prev, k_next);
-      const int64_t cost = request_cost(request_key_tiles(r.prefix, r.n, Cfg::kBN));
-      if (lo < c + cost) {
-        sc.aligned = 0;
-        sc.lo = lo;
-        sc.hi = min(lo + len, total);
-        sc.len = len;
-        sc.part = part;
-        sc.has_first = 1;
-        sc.next_b = b;
-        sc.next_c = c;
-        sc.first_index[0] = q_prev;
-        sc.first_index[1] = q_next;
-        sc.first_index[2] = k_prev;
-        sc.first_index[3] = k_next;
-        break;
-      }
-      c += cost;
-      q_prev = q_next;
-      k_prev = k_next;
-    }
+  // Extra CTAs only where the rectangle cuts a request anyway (cut_by_parts): each thread looks at its
+  // chunk's requests again, one vote for the block.
+  int E = launch_extra<Cfg>(p);
+  if (E > 0 && !__syncthreads_or(chunk_cut_by_parts(p, Cfg::kBN, excl, b_lo, b_hi, idx0,
+                                                     part_length(total, P, min_tiles)))) {
+    E = 0;
+  }
+  if (cta >= main_ctas && E == 0) return false;  // the same on every thread
+  const PartGeometry g = part_geometry(total, P, R, E, min_tiles);
+  int64_t lo, hi, x_hi = 0;
+  int t, part, extra;
+  if (cta < main_ctas) {
+    part = cta / R;
+    t = cta - part * R;
+    extra = -1;
+    lo = static_cast<int64_t>(part) * g.w;
+    hi = min(lo + g.w, g.rem_start);
+  } else {
+    extra = cta - main_ctas;
+    const int64_t x_lo = static_cast<int64_t>(extra) * g.le;
+    x_hi = min(x_lo + g.le, static_cast<int64_t>(R) * g.rem);
+    if (x_lo >= x_hi) return false;  // the same on every thread
+    t = static_cast<int>(x_lo / g.rem);
+    part = P + extra - first_extra_of(g, t);
+    lo = g.rem_start + (x_lo - static_cast<int64_t>(t) * g.rem);
+    hi = g.rem_start + min(x_hi - static_cast<int64_t>(t) * g.rem, g.rem);
+  }
+  if (lo >= hi) return false;  // the same on every thread
+  if (tid == 0) {
+    sc.aligned = 0;
+    sc.lo = lo;
+    sc.hi = hi;
+    sc.geom = g;
+    sc.x_hi = x_hi;
+    sc.part = part;
+    sc.row_tile = t;
+    sc.extra = extra;
+    sc.has_first = 1;
+  }
+  // The thread whose chunk holds position lo names the request there (thread 0's next_segment then
+  // finds the first segment); for an extra CTA, the one holding the remainder's start too.
+  int fb;
+  int64_t fc, fidx[4];
+  if (find_in_chunk(p, Cfg::kBN, lo, excl, sum, b_lo, b_hi, idx0, fb, fc, fidx)) {
+    sc.next_b = fb;
+    sc.next_c = fc;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc.first_index[i] = fidx[i];
+  }
+  if (extra >= 0 && find_in_chunk(p, Cfg::kBN, g.rem_start, excl, sum, b_lo, b_hi, idx0, fb, fc, fidx)) {
+    sc.rem_b = fb;
+    sc.rem_c = fc;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sc.rem_index[i] = fidx[i];
   }
   __syncthreads();
   return true;
@@ -288,7 +427,7 @@ __device__ __forceinline__ bool part_begin(const KdtreeVerifyParams& p, int part
 // batch == 1): every thread finds the part's segment itself from request 0's entries (one load round
 // trip, no scan, no barrier, no walk), by the rules part_begin + next_segment apply with the batch's
 // totals = the request's; a part then holds at most one segment. False: nothing for this CTA. The
-// CTA of row tile 0 holding the first tile records (first part, pieces) for the combine.
+// CTA of each row tile holding the first tile records (first part, pieces) there for the combine.
 template <class Cfg>
 __device__ __forceinline__ bool single_request_segment(const KdtreeVerifyParams& p, int part, int row_tile,
                                                        CtaWork& cw) {
@@ -309,9 +448,9 @@ __device__ __forceinline__ bool single_request_segment(const KdtreeVerifyParams&
     pieces = part_of(kOverheadTiles + kt - 1, len) - part + 1;  // read only where pc.t_begin == 0
   }
   if (pc.t_begin >= pc.t_end) return false;
-  if (row_tile == 0 && pc.t_begin == 0 && p.num_splits > 1 && threadIdx.x == 0) {
-    const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, gridDim.x, Cfg::kM);
-    ws.request[0] = make_int2(part, pieces);
+  if (pc.t_begin == 0 && p.num_splits > 1 && threadIdx.x == 0) {  // request 0's record in this row tile
+    const WorkspaceView ws = launch_workspace<Cfg>(p);
+    ws.request[row_tile] = make_int2(part, pieces);
   }
   return fill_work<Cfg>(p, req, 0, kt, pc, part, true, row_tile, cw);
 }
@@ -319,19 +458,20 @@ __device__ __forceinline__ bool single_request_segment(const KdtreeVerifyParams&
 // The CTA's walk over its part (s1), for both kernels: part_begin, then one segment at a time. Thread 0
 // finds the next segment (so next_segment exists once in the binary), a __syncthreads publishes it
 // and ends the previous segment (its copies landed, its stores read their shared memory), every
-// thread copies it and runs it: `between()` before each segment but the first, then `run(cw)`.
-// kSingle (a launch of one request): the one segment of single_request_segment, no walk.
+// thread copies it and runs it: `between()` before each segment but the first, then `run(cw)` (the
+// segment names its row tile). kSingle (a launch of one request): the one segment of
+// single_request_segment, no walk, on the 2-D grid (row tiles, parts); otherwise the 1-D grid of
+// row tiles x parts main CTAs and the extra ones (s3).
 template <class Cfg, bool kSingle, class Between, class Run>
-__device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, int part, int row_tile, ScheduleScratch& sc,
-                                          Between between, Run run) {
+__device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, ScheduleScratch& sc, Between between, Run run) {
   if constexpr (kSingle) {
     CtaWork cw;
-    if (single_request_segment<Cfg>(p, part, row_tile, cw)) run(cw);
+    if (single_request_segment<Cfg>(p, blockIdx.y, blockIdx.x, cw)) run(cw);
     return;
   } else {
-    if (!part_begin<Cfg>(p, part, sc)) return;
+    if (!part_begin<Cfg>(p, blockIdx.x, sc)) return;
     for (bool first = true;; first = false) {
-      if (threadIdx.x == 0) next_segment<Cfg>(p, row_tile, sc);
+      if (threadIdx.x == 0) next_segment<Cfg>(p, sc);
       __syncthreads();
       if (!sc.more) break;
       const CtaWork cw = sc.seg;

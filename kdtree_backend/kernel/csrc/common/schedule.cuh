@@ -18,6 +18,15 @@
 // earlier part (a "head" piece, slot 2p) and the start of one that continues past it (slot 2p + 1);
 // a request's pieces are therefore in slots 2f + 1, 2(f + 1), ..., 2l for its parts f..l. The CTA of
 // row tile 0 that holds a request's first tile records (f, pieces) for the combine.
+//
+// Remainder CTAs (journal s3): a grid of row tiles x parts leaves SMs - R P SMs idle (n = 65 at H = 8:
+// 9 x 14 = 126 of 132). A batch launch gives them work: main part p owns [p w, (p + 1) w) of EVERY
+// row tile's axis (the rectangle keeps a K tile shared through L2 by the R row tiles that read it at
+// once), w = R total / SMs, and the R remainders [P w, total) are laid end to end and cut among the
+// E = SMs - R P extra CTAs (remainder_geometry). For row tile t the remainder's cuts are virtual
+// parts P, P + 1, ... after the main ones, so a request's pieces still lie in consecutive (virtual)
+// parts and slots; the records are per (request, row tile), written by the CTA that holds the
+// request's first tile in that row tile.
 #pragma once
 #include <stdint.h>
 #include <vector_types.h>  // int2
@@ -79,6 +88,83 @@ __host__ __device__ __forceinline__ Piece piece_in_part(int64_t c_b, int key_til
   return pc;
 }
 
+// Remainder CTAs (s3): the idle SMs of a one-wave batch grid. None for a batch of one (its own
+// instantiation keeps the rectangle), a grid of more than one wave, or too few to share the
+// remainders of at most two row tiles each: every row tile an extra CTA enters costs it a segment's
+// start (Q load, pipeline fill, epilogue), which its cost-axis share does not charge (16 row tiles
+// and 4 idle SMs would give each extra CTA four starts for a sliver of each remainder).
+__host__ __device__ __forceinline__ int extra_ctas(int batch, int row_tiles, int parts, int num_sms) {
+  const int64_t main = static_cast<int64_t>(row_tiles) * parts;
+  if (batch <= 1 || main >= num_sms) return 0;
+  const int extra = static_cast<int>(num_sms - main);
+  return 2 * extra >= row_tiles ? extra : 0;
+}
+
+// Whether request [c_b, c_b + cost) lies across a boundary of parts `len` long: the rectangle cuts it.
+// A batch whose rectangle cuts no request (uniform batches of B a multiple of the parts: B32 at 16
+// parts) keeps it and leaves its extra CTAs idle: the extra CTAs' shorter parts would cut every
+// request there, and the partials and merge cost more than the ~3% the span gains (s3: B32 H8 n64
+// L2k 139 -> 153 us on the Hopper path with extra CTAs).
+__host__ __device__ __forceinline__ bool cut_by_parts(int64_t c_b, int64_t cost, int64_t len) {
+  return cost > 0 && part_of(c_b, len) != part_of(c_b + cost - 1, len);
+}
+
+// The virtual parts a row tile's remainder can touch, for which the workspace holds slots:
+// floor(E / R) + 2 (an extra CTA's remainder length is at least R rem / E), at most E.
+__host__ __device__ __forceinline__ int remainder_parts(int row_tiles, int extra) {
+  if (extra <= 0) return 0;
+  const int v = extra / row_tiles + 2;
+  return v < extra ? v : extra;
+}
+
+// Where the parts of a cut launch lie on each row tile's cost axis.
+struct PartGeometry {
+  int64_t w;          // a main part's length: part p owns [p w, min((p + 1) w, rem_start))
+  int64_t rem_start;  // where each row tile's remainder begins (total without extra CTAs)
+  int64_t rem;        // each row tile's remainder length
+  int64_t le;         // an extra CTA's length on the remainder axis (R remainders end to end)
+};
+
+__host__ __device__ __forceinline__ PartGeometry part_geometry(int64_t total, int parts, int row_tiles, int extra,
+                                                               int min_tiles) {
+  PartGeometry g;
+  if (extra <= 0) {
+    g.w = part_length(total, parts, min_tiles);
+    g.rem_start = total;
+    g.rem = 0;
+    g.le = 1;
+    return g;
+  }
+  // Every CTA the same work: the R row tiles' axes and, charged like a request's start, the R - 1
+  // row-tile boundaries the extra CTAs cross (each costs one of them a segment's start).
+  const int64_t ctas = static_cast<int64_t>(row_tiles) * parts + extra;
+  const int64_t work = static_cast<int64_t>(row_tiles) * total + static_cast<int64_t>(kOverheadTiles) * (row_tiles - 1);
+  int64_t w = (work + ctas - 1) / ctas;
+  if (w < min_tiles) w = min_tiles;
+  if (w > total / parts) w = total / parts;  // the main parts end inside every row tile's axis
+  if (w < 1) w = 1;
+  g.w = w;
+  g.rem_start = static_cast<int64_t>(parts) * w < total ? static_cast<int64_t>(parts) * w : total;
+  g.rem = total - g.rem_start;
+  const int64_t axis = static_cast<int64_t>(row_tiles) * g.rem;
+  g.le = (axis + extra - 1) / extra;
+  if (g.le < 1) g.le = 1;
+  return g;
+}
+
+// The first extra CTA whose range touches row tile t's remainder.
+__host__ __device__ __forceinline__ int first_extra_of(const PartGeometry& g, int t) {
+  return static_cast<int>(static_cast<int64_t>(t) * g.rem / g.le);
+}
+
+// The (virtual) part that holds cost position x of row tile t: main parts 0..P-1, then the
+// remainder's cuts P, P + 1, ... in order.
+__host__ __device__ __forceinline__ int part_at(const PartGeometry& g, int parts, int t, int64_t x) {
+  if (x < g.rem_start) return part_of(x, g.w);
+  const int64_t y = static_cast<int64_t>(t) * g.rem + (x - g.rem_start);
+  return parts + static_cast<int>(y / g.le) - first_extra_of(g, t);
+}
+
 // The aligned mode (s1b): when the batch has no more requests than parts, request b may instead own
 // the s = parts / batch parts [b s, (b + 1) s) and be cut into k = min(s, ceil(tiles / smallest part))
 // pieces of ceil(tiles / k) tiles, one a part: h29's per-request split, one segment a CTA, no request
@@ -125,24 +211,43 @@ __host__ __device__ __forceinline__ int request_piece_slot(int first_part, int s
   return 2 * first_part + piece_slot_step(s);
 }
 
-// The split workspace of a plan with `parts` parts, for row tiles of rows_per_tile rows:
+// The split workspace of a plan with `parts` (virtual) parts: the main parts and the remainder's
+// (remainder_parts), for row tiles of rows_per_tile rows:
 //   partial rows  [2 * parts slots][row_tiles * rows_per_tile][kVDim] fp32
 //   lse           [2 * parts slots][row_tiles * rows_per_tile]        fp32 (log2-sum-exp)
-//   request info  [batch] int2: (first part, pieces), written for every request with drafts
+//   request info  [batch][row_tiles] int2: (first part, pieces) of each request with drafts in
+//                 each row tile where it has rows
 struct WorkspaceView {
   float* o;       // partial rows
   float* lse;     // their log2-sum-exp
-  int2* request;  // per request: (first part, pieces)
+  int2* request;  // per (request, row tile): (first part, pieces), at b * row_tiles + t
   int64_t rows_per_slot;
 };
 
-__host__ __device__ __forceinline__ WorkspaceView workspace_view(void* ws, int parts, int row_tiles, int rows_per_tile) {
+// slot_parts: the main parts and the remainder's (slot_parts below).
+__host__ __device__ __forceinline__ WorkspaceView workspace_view(void* ws, int slot_parts, int row_tiles,
+                                                                 int rows_per_tile) {
   WorkspaceView v;
   v.rows_per_slot = static_cast<int64_t>(row_tiles) * rows_per_tile;
   v.o = reinterpret_cast<float*>(ws);
-  v.lse = v.o + 2 * static_cast<int64_t>(parts) * v.rows_per_slot * kVDim;
-  v.request = reinterpret_cast<int2*>(v.lse + 2 * static_cast<int64_t>(parts) * v.rows_per_slot);
+  v.lse = v.o + 2 * static_cast<int64_t>(slot_parts) * v.rows_per_slot * kVDim;
+  v.request = reinterpret_cast<int2*>(v.lse + 2 * static_cast<int64_t>(slot_parts) * v.rows_per_slot);
   return v;
 }
+
+// The (virtual) parts the workspace holds slots for: the main ones and a row tile's remainder's.
+__host__ __device__ __forceinline__ int slot_parts(int parts, int row_tiles, int extra) {
+  return parts + remainder_parts(row_tiles, extra);
+}
+
+// Row tiles of a launch: every request's rows (max_qo_len x heads) in tiles of rows_per_tile.
+__host__ __device__ __forceinline__ int row_tiles_of(int num_heads, int max_qo_len, int rows_per_tile) {
+  const int64_t rows = static_cast<int64_t>(num_heads) * max_qo_len;
+  return static_cast<int>((rows + rows_per_tile - 1) / rows_per_tile);
+}
+
+// A launch writes pieces (and needs the workspace and the combine) when its rows are cut into parts
+// or it has extra CTAs.
+__host__ __device__ __forceinline__ bool split_launch(int parts, int extra) { return parts > 1 || extra > 0; }
 
 }  // namespace kdtree

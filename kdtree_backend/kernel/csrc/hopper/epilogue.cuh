@@ -15,7 +15,7 @@ namespace hopper {
 // Writes this thread's 2 rows x 256 columns of O (already normalised by 1/l) to `out` (bf16) or to
 // the split workspace (fp32), by register stores.
 __device__ __forceinline__ void store_half_registers(const float (&o)[128], const float (&inv_l)[2], const KdtreeVerifyParams& p,
-                                           const RequestView& req, int slot, int row_tile, int num_row_tiles,
+                                           const RequestView& req, int slot, int row_tile,
                                            int row_in_tile0, int col_half, int lane, bool direct) {
   const int H = p.num_heads;
   const int rows = req.n * H;
@@ -32,7 +32,7 @@ __device__ __forceinline__ void store_half_registers(const float (&o)[128], cons
             pack_bf16x2(o[nb * 4 + 2 * rr] * inv_l[rr], o[nb * 4 + 2 * rr + 1] * inv_l[rr]);
       }
     } else {
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, HopperConfig::kM);
+      const WorkspaceView ws = launch_workspace<HopperConfig>(p);
       const int64_t ws_row = static_cast<int64_t>(slot) * ws.rows_per_slot + r;
       float* ws_o = ws.o + ws_row * kVDim + col_lane;
 #pragma unroll
@@ -86,7 +86,7 @@ __device__ __forceinline__ void store_half_staged(const float (&o)[128], const f
 struct OutputTile {
   const KdtreeVerifyParams& p;
   const RequestView& req;
-  int slot, row_tile, num_row_tiles;  // slot: the piece's workspace slot (common/schedule.cuh)
+  int slot, row_tile;  // slot: the piece's workspace slot (common/schedule.cuh)
   bool direct;  // the segment holds all of the request's tiles
   bool staged;  // direct, and `out`'s rows are 16-byte aligned: through shared memory and bulk copies (h9)
 
@@ -98,14 +98,14 @@ struct OutputTile {
     if (staged) {
       store_half_staged(o, inv_l, p, req, row_tile, row_in_tile0, col_half, lane, tid & 127, stage_smem, stage_ptr);
     } else {
-      store_half_registers(o, inv_l, p, req, slot, row_tile, num_row_tiles, row_in_tile0, col_half, lane, direct);
+      store_half_registers(o, inv_l, p, req, slot, row_tile, row_in_tile0, col_half, lane, direct);
     }
   }
 
   // Split partials only: this thread's rows' log2-sum-exp (from SharedStorage::lse) to the
   // workspace, after all partial rows; one thread per row (lane & 3 == 0 of WG0).
   __device__ __forceinline__ void store_lse(const float* s_lse, int rows, int row_in_tile0) const {
-    const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, HopperConfig::kM);
+    const WorkspaceView ws = launch_workspace<HopperConfig>(p);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int r = row_tile * HopperConfig::kM + row_in_tile0 + 8 * rr;

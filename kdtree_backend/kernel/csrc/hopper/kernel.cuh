@@ -120,11 +120,10 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
 
   float o[128];
   const bool direct = cw.direct;
-  const int num_row_tiles = gridDim.x;
   // The direct output goes through shared memory and bulk copies when its rows are 16-byte aligned
   // (always, for a torch-allocated tensor; an 8-byte aligned `out` view takes the register path).
   const bool staged_store = direct && (reinterpret_cast<uintptr_t>(p.out) & 15) == 0 && (p.out_stride_tok & 7) == 0;
-  const OutputTile out{p, req, cw.slot, row_tile, num_row_tiles, direct, staged_store};
+  const OutputTile out{p, req, cw.slot, row_tile, direct, staged_store};
 
   if (wg == 0) {
     // =========================== math warpgroup ===========================
@@ -238,12 +237,12 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
 // 64-column x 64-row box is one row tile (H divides 64, or 64 divides H), q_tma is 1 and every row
 // tile wholly inside its request loads Q with nine TMA boxes; otherwise (and for a tile with
 // padding rows) Q comes through cp.async, which zero-fills the padding rows.
-// Grid: (row tiles, parts). CTA (row_tile, part) runs the part's segments one after another (s1).
-// kSingle: the launch holds one request (s1e: no scan, no walk).
+// Grid: (row tiles, parts) for kSingle (the launch holds one request, s1e: no scan, no walk); a batch:
+// row tiles x parts main CTAs and the extra CTAs of the wave's idle SMs, 1-D (s3). Each CTA runs its
+// part's segments one after another (s1), each segment naming its row tile.
 template <bool kFold, bool kSingle>
 __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
-  const int row_tile = blockIdx.x;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   // The warpgroup index through a warp reduction (REDUX writes a uniform register): ptxas then
@@ -256,7 +255,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_hopper_smem + SmemLayout::kSched);
   walk_part<HopperConfig, kSingle>(
-      p, blockIdx.y, row_tile, sched,
+      p, sched,
       [&] {
         if (tid != 0) return;
         // End the previous segment's barriers (all phases complete) so run_segment can initialise them.
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         }
         mbar_inval(smem + SmemLayout::kQFull);
       },
-      [&](const CtaWork& cw) { run_segment<kFold>(p, q_map, q_tma, cw, row_tile, tid, lane, wg, warp_in_wg); });
+      [&](const CtaWork& cw) { run_segment<kFold>(p, q_map, q_tma, cw, cw.row_tile, tid, lane, wg, warp_in_wg); });
 }
 
 }  // namespace hopper

@@ -101,10 +101,13 @@ bool encodes_sglang_q_layout() {
 static_assert(kRowsPerTile == HopperConfig::kM, "hopper/launch.h and the kernel disagree on the row tile");
 
 int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t err_len) {
-  int row_tiles = 0;
-  int rc = g_kernels.prepare(p, HopperConfig::kM, row_tiles, err, err_len);
+  int row_tiles = 0, extra = 0;
+  int rc = g_kernels.prepare(p, HopperConfig::kM, row_tiles, extra, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  const dim3 grid(row_tiles, p.num_splits);  // (row tiles, parts): common/schedule.cuh
+  // A launch of one request: the 2-D grid (row tiles, parts); a batch: row tiles x parts main CTAs
+  // (row tile fastest) and the extra CTAs of the wave's idle SMs (s3), in one dimension
+  // (common/schedule.cuh).
+  const dim3 grid = p.batch == 1 ? dim3(row_tiles, p.num_splits) : dim3(row_tiles * p.num_splits + extra);
   CUtensorMap q_map;
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;
@@ -113,8 +116,8 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   kernel<<<grid, HopperConfig::kThreads, SmemLayout::kBytes, stream>>>(p, q_map, q_tma);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  if (p.num_splits > 1) {
-    const cudaError_t e = launch_combine<HopperConfig, /*kPdl=*/true>(p, row_tiles, stream);  // h39: PDL
+  if (split_launch(p.num_splits, extra)) {
+    const cudaError_t e = launch_combine<HopperConfig, /*kPdl=*/true>(p, row_tiles, extra, stream);  // h39: PDL
     if (e != cudaSuccess)
       return report(KDTREE_ERR_CUDA, err, err_len, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
   }

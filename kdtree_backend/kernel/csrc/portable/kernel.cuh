@@ -265,8 +265,8 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
 
 template <class Cfg>
 __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const KdtreeVerifyParams& p,
-                                              const RequestView& req, int slot, int row_tile,
-                                              int num_row_tiles, int g, int h, int lane, bool direct) {
+                                              const RequestView& req, int slot, int row_tile, int g, int h,
+                                              int lane, bool direct) {
   const int H = p.num_heads;
   const int rows = req.n * H;
 #pragma unroll
@@ -287,7 +287,7 @@ __device__ __forceinline__ void store_results(const WarpState<Cfg>& st, const Kd
             pack_bf16x2(st.o[f][2 * rr] * inv, st.o[f][2 * rr + 1] * inv);
       }
     } else {
-      const WorkspaceView ws = workspace_view(p.workspace, p.num_splits, num_row_tiles, Cfg::kM);
+      const WorkspaceView ws = launch_workspace<Cfg>(p);
       const int64_t ws_row = static_cast<int64_t>(slot) * ws.rows_per_slot + r;
       float* ws_o = ws.o + ws_row * kVDim + col0;
 #pragma unroll
@@ -356,6 +356,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
       *reinterpret_cast<int*>(g_smem + SmemLayout<Cfg>::kSegB) = cw.b;
       *reinterpret_cast<int*>(g_smem + SmemLayout<Cfg>::kSegSlot) = cw.slot;
       *reinterpret_cast<int*>(g_smem + SmemLayout<Cfg>::kSegDirect) = cw.direct ? 1 : 0;
+      *reinterpret_cast<int*>(g_smem + SmemLayout<Cfg>::kSegRowTile) = row_tile;
     }
     __syncthreads();
     stage_slot(t_begin);
@@ -430,15 +431,17 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
   const int slot = ld_shared_s32(stage_base + SmemLayout<Cfg>::kSegSlot);
   RequestView req_out = req;  // q0 back from shared memory: not held in registers over the tile loop
   req_out.q0 = ld_shared_s64(stage_base + SmemLayout<Cfg>::kSegQ0);
-  const int num_row_tiles = grid_dim_x();
-  store_results<Cfg>(st, p, req_out, slot, row_tile, num_row_tiles, g, h, lane, direct);
+  // The row tile back from shared memory (s3: it comes from the segment now; held over the tile loop it
+  // spilled 4 B on sm_100).
+  const int row_tile_out = ld_shared_s32(stage_base + SmemLayout<Cfg>::kSegRowTile);
+  store_results<Cfg>(st, p, req_out, slot, row_tile_out, g, h, lane, direct);
 }
 
-// Grid: (row tiles, parts). CTA (row_tile, part) runs the part's segments one after another (s1).
-// kSingle: the launch holds one request (s1e: no scan, no walk).
+// Grid: (row tiles, parts) for kSingle (the launch holds one request, s1e: no scan, no walk); a batch:
+// row tiles x parts main CTAs and the extra CTAs of the wave's idle SMs, 1-D (s3). Each CTA runs its
+// part's segments one after another (s1), each segment naming its row tile.
 template <class Cfg, bool kSingle>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(const KdtreeVerifyParams p) {
-  const int row_tile = blockIdx.x;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -446,7 +449,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int h = warp / Cfg::kRG;
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + SmemLayout<Cfg>::kSched);
   walk_part<Cfg, kSingle>(
-      p, blockIdx.y, row_tile, sched, [] {}, [&](const CtaWork& cw) { run_segment<Cfg>(p, cw, row_tile, tid, lane, g, h); });
+      p, sched, [] {}, [&](const CtaWork& cw) { run_segment<Cfg>(p, cw, cw.row_tile, tid, lane, g, h); });
 }
 
 }  // namespace kdtree

@@ -27,15 +27,18 @@ KernelFamily<Kernel, 2> g_kernels("the portable verify kernel", "", kSmemBytes, 
 static_assert(kRowsPerTile == Cfg::kM, "portable/launch.h and the kernel disagree on the row tile");
 
 int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t err_len) {
-  int row_tiles = 0;
-  int rc = g_kernels.prepare(p, Cfg::kM, row_tiles, err, err_len);
+  int row_tiles = 0, extra = 0;
+  int rc = g_kernels.prepare(p, Cfg::kM, row_tiles, extra, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  const dim3 grid(row_tiles, p.num_splits);  // (row tiles, parts): common/schedule.cuh
+  // A launch of one request: the 2-D grid (row tiles, parts); a batch: row tiles x parts main CTAs
+  // (row tile fastest) and the extra CTAs of the wave's idle SMs (s3), in one dimension
+  // (common/schedule.cuh).
+  const dim3 grid = p.batch == 1 ? dim3(row_tiles, p.num_splits) : dim3(row_tiles * p.num_splits + extra);
   kKernels[p.batch == 1 ? 0 : 1]<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  if (p.num_splits > 1) {
-    const cudaError_t e = launch_combine<Cfg>(p, row_tiles, stream);
+  if (split_launch(p.num_splits, extra)) {
+    const cudaError_t e = launch_combine<Cfg>(p, row_tiles, extra, stream);
     if (e != cudaSuccess)
       return report(KDTREE_ERR_CUDA, err, err_len, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
   }

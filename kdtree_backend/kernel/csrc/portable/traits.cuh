@@ -55,12 +55,13 @@ struct SharedStorage {
   int64_t slot_ring[2][Cfg::kBN];
   // The segment's values that the tile loop does not need in registers (holding them there spilled
   // on sm_120): the request's first kv_indices entry, the request (its draft mask), and where the
-  // output goes (common/request.cuh, CtaWork).
+  // output goes, and its row tile (common/request.cuh, CtaWork).
   alignas(16) int64_t kv0;
   int64_t seg_q0;  // the request's first query token
   int seg_b;
   int seg_slot;
   int seg_direct;
+  int seg_row_tile;
   // The part schedule's start (common/request.cuh).
   ScheduleScratch sched;
 };
@@ -75,18 +76,19 @@ struct SmemLayout {
   static constexpr int kSegB = static_cast<int>(offsetof(SharedStorage<Cfg>, seg_b));
   static constexpr int kSegSlot = static_cast<int>(offsetof(SharedStorage<Cfg>, seg_slot));
   static constexpr int kSegDirect = static_cast<int>(offsetof(SharedStorage<Cfg>, seg_direct));
+  static constexpr int kSegRowTile = static_cast<int>(offsetof(SharedStorage<Cfg>, seg_row_tile));
   static constexpr int kSched = static_cast<int>(offsetof(SharedStorage<Cfg>, sched));
   static constexpr int kBytes = static_cast<int>(sizeof(SharedStorage<Cfg>));
 };
 
 // The portable configuration: what sm_120 (RTX PRO 6000 Blackwell) runs and what the H200 tests
 // select. 64 query rows x 32-key tiles, double-buffered: 2 x 37,376 B of K tiles + 16,384 B of
-// score exchange + 512 B of staged slot ids + 32 B of segment values + 544 B of schedule state = 92,224 B of
+// score exchange + 512 B of staged slot ids + 32 B of segment values + 640 B of schedule state = 92,320 B of
 // shared memory. ptxas:
 // 0 spills on sm_120 and sm_90 (32-key tiles: 25-35% faster than 16-key tiles on the H200, journal v2).
 using PortableConfig = VerifyConfig<4, 2, 32, 2>;
 constexpr int kSm120MaxSmemPerBlock = 101376;
-static_assert(SmemLayout<PortableConfig>::kBytes == 92224, "the portable kernel's shared memory is 92,224 B");
+static_assert(SmemLayout<PortableConfig>::kBytes == 92320, "the portable kernel's shared memory is 92,320 B");
 static_assert(SmemLayout<PortableConfig>::kBytes <= kSm120MaxSmemPerBlock,
               "the portable configuration must fit sm_120's 99 KB of shared memory per block");
 
