@@ -12,9 +12,10 @@ A step name starts a step and the words after it, up to the next step name, are 
   tests PATHS                  GPU pytest (-m gpu tests/) once per kernel path: KDTREE_KERNEL=path, the
                                kernel tests of that path and every other GPU test
   sanitize PATHS               per path: racecheck over the smoke cases (bench/diag/smoke.py --small) and
-                               the sanitizer-sized consecutive-slot, part-schedule and two-piece merge
-                               tests, memcheck over the path's
-                               sanitizer-sized kernel tests (KDTREE_TEST_SMALL=1)
+                               the sanitizer-sized consecutive-slot, part-schedule, two-piece merge and
+                               extra-CTA tests, memcheck over the path's sanitizer-sized kernel tests
+                               (KDTREE_TEST_SMALL=1). Both paths need ~560 s on the H200 (s3): give the
+                               step a call of its own (`setup sanitize:550 both`) or one path a call
   bench GRID PATHS [OPT ...]   bench/bench_verify.py --grid GRID --paths PATHS, its --time-limit taken from
                                the step's budget; OPTs go to bench_verify.py as they are
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
@@ -293,26 +294,26 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
         # alone, in three forms (bench/diag/racecheck_probe.cu), under racecheck; first, it takes seconds.
         probe = str(ctx.work / "racecheck_probe")
         out.append(Command("build the racecheck probe", ["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-o", probe,
-                                                         "bench/diag/racecheck_probe.cu"], "probe-build.log", share=0.1))
+                                                         "bench/diag/racecheck_probe.cu"], "probe-build.log", share=0.02))
         for mode in (0, 1, 2):
             out.append(Command(f"racecheck probe, mode {mode}", [*san, "--tool", "racecheck", probe, str(mode), "4"],
-                               f"probe-racecheck-{mode}.log", share=0.06, echo=r"RACECHECK SUMMARY|RESULT"))
+                               f"probe-racecheck-{mode}.log", share=0.01, echo=r"RACECHECK SUMMARY|RESULT"))
     for p in paths:
         small = {"KDTREE_KERNEL": p, "KDTREE_TEST_SMALL": "1"}
         tests = ["tests/kernel/test_kernel_gpu.py"]
         out += [
             Command(f"racecheck, smoke cases ({p})", [*san, "--tool", "racecheck", PYTHON, "bench/diag/smoke.py",
                                                       "--small", "--no-triton"],
-                    f"racecheck-{p}.log", share=0.2 / len(paths), env={"KDTREE_KERNEL": p},
+                    f"racecheck-{p}.log", share=0.15 / len(paths), env={"KDTREE_KERNEL": p},
                     echo=r"RACECHECK SUMMARY|smoke"),
             # s1: also the part schedule's walks (several segments a CTA, barriers re-initialised
             # between them), the merge of pieces and (s3) the extra CTAs' walks across row tiles
             Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
                 "-x", *tests, "-k", f"(consecutive_slots or parts_span or two_split_merge or extra_ctas) and {p}")],
-                f"racecheck-slots-{p}.log", share=0.5 / len(paths),  # ~130 s a path on the H200 (s1c)
+                f"racecheck-slots-{p}.log", share=0.6 / len(paths),  # 160-180 s a path on the H200 (s3)
                 env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
             Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", p)],
-                    f"memcheck-{p}.log", share=0.3 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),
+                    f"memcheck-{p}.log", share=0.2 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),
         ]
     return out
 
