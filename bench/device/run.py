@@ -21,7 +21,8 @@ A step name starts a step and the words after it, up to the next step name, are 
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV
-  ab NAME=LIB ... [paths=P] [shapes=S]  the smoke shapes (or S, 'B,H,n,L;...') timed with variant libraries against this checkout's
+  ab NAME=LIB ... [paths=P] [shapes=S]
+                               the smoke shapes (or S, 'B,H,n,L;...') timed with variant libraries against this checkout's
                                build: LIB is a built .so, or a directory holding another checkout
                                (built into WORK/lib_NAME.so, which later calls keep while the
                                machine stays warm); geometric-mean time ratio per variant and path
@@ -294,7 +295,8 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
         # alone, in three forms (bench/diag/racecheck_probe.cu), under racecheck; first, it takes seconds.
         probe = str(ctx.work / "racecheck_probe")
         out.append(Command("build the racecheck probe", ["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-o", probe,
-                                                         "bench/diag/racecheck_probe.cu"], "probe-build.log", share=0.02))
+                                                         "bench/diag/racecheck_probe.cu"], "probe-build.log",
+                           share=0.02))
         for mode in (0, 1, 2):
             out.append(Command(f"racecheck probe, mode {mode}", [*san, "--tool", "racecheck", probe, str(mode), "4"],
                                f"probe-racecheck-{mode}.log", share=0.01, echo=r"RACECHECK SUMMARY|RESULT"))

@@ -109,7 +109,8 @@ def correctness(small=False):
         (5, 3, 7, [1, 1, 1, 1, 1], "tree", torch.uint8, torch.int64),
         (1, 8, 16, [20000], "tree", torch.uint8, torch.int32),
         # DDTree-sized trees: 17 row tiles leave idle SMs (s3's extra CTAs), one request and a batch
-        (1, 8, 129, [5000], "tree", torch.uint8, torch.int32), (3, 16, 65, [4000, 70, 2500], "tree", torch.uint8, torch.int32),
+        (1, 8, 129, [5000], "tree", torch.uint8, torch.int32),
+        (3, 16, 65, [4000, 70, 2500], "tree", torch.uint8, torch.int32),
     ]
     if small:  # sized for compute-sanitizer: a few tiles, every code path (splits, draft tiles, masks)
         cases = [(2, 8, 5, [40, 0], "tree", torch.uint8, torch.int32), (1, 3, 17, [300], "none", None, torch.int64),
