@@ -22,8 +22,8 @@ A step name starts a step and the words after it, up to the next step name, are 
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV
   ab NAME=LIB ... [paths=P] [shapes=S]
-                               the smoke shapes (or S, 'B,H,n,L;...') timed with variant libraries against this checkout's
-                               build: LIB is a built .so, or a directory holding another checkout
+                               the smoke shapes (or S: 'B,H,n,L;...') timed with variant libraries
+                               against this checkout's build: LIB is a built .so, or a directory holding another checkout
                                (built into WORK/lib_NAME.so, which later calls keep while the
                                machine stays warm); geometric-mean time ratio per variant and path
 
