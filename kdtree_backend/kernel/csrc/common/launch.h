@@ -52,7 +52,7 @@ class KernelFamily {
     int sms = 0;
     rc = device_sms(device, sms, err, err_len);
     if (rc != KDTREE_OK) return rc;
-    row_tiles = row_tiles_for(p.num_heads, p.max_qo_len, rows_per_tile);
+    row_tiles = row_tiles_of(p.num_heads, p.max_qo_len, rows_per_tile);
     extra = extra_ctas(p.batch, row_tiles, p.num_splits, sms);
     rc = check_workspace(p, row_tiles, rows_per_tile, extra, err, err_len);
     if (rc != KDTREE_OK) return rc;

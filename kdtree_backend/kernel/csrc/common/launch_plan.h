@@ -35,10 +35,6 @@ inline int choose_parts(int row_tiles, int num_sms) {
   return p < 1 ? 1 : (p > kMaxSplits ? kMaxSplits : static_cast<int>(p));
 }
 
-inline int row_tiles_for(int num_heads, int max_qo_len, int rows_per_tile) {
-  return row_tiles_of(num_heads, max_qo_len, rows_per_tile);
-}
-
 // A missing image for this GPU is its own status (the loader and doctor name the rebuild).
 inline int status_of(cudaError_t e) {
   return (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice) ? KDTREE_ERR_NO_KERNEL_IMAGE
@@ -71,7 +67,7 @@ inline int check_workspace(const KdtreeVerifyParams& p, int row_tiles, int rows_
 // caller has range-checked them): the one place the part count and the workspace size are decided.
 inline void fill_plan(int rows_per_tile, int min_keys_per_split, int batch, int num_heads, int max_qo_len, int num_sms,
                       KdtreePlan* plan, bool cap_at_half_sms = false) {
-  const int row_tiles = row_tiles_for(num_heads, max_qo_len, rows_per_tile);
+  const int row_tiles = row_tiles_of(num_heads, max_qo_len, rows_per_tile);
   int parts = choose_parts(row_tiles, num_sms);
   if (cap_at_half_sms && static_cast<int64_t>(batch) * row_tiles <= 2 && num_sms >= 2 && parts > num_sms / 2)
     parts = num_sms / 2;
