@@ -30,9 +30,9 @@ inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_ti
 }
 
 // Launches the merge for a main-kernel launch of `row_tiles` row tiles of Cfg::kM rows and `extra`
-// remainder CTAs (s3; both launchers), in the layout the expected pieces a request pick (the plan's parts over the batch:
-// ceil(parts / batch); the layouts were measured by split count, when every request had the plan's
-// count); returns the launch's error.
+// remainder CTAs (s3; both launchers), in the layout the expected pieces a request pick (the plan's
+// parts over the batch: ceil(parts / batch); the layouts were measured by split count, when every
+// request had the plan's count); returns the launch's error.
 // kPdl: up to kCombinePdlMaxSplits pieces a request, the merge is launched as a programmatic dependent
 // of the main kernel, which must trigger it (h39b). Measured against ordinary launches (journal h39,
 // h39b): 2 and 4 splits 2-5.5% faster end to end; 8 splits 2-9% slower, and the quarter rows (B = 1

@@ -16,14 +16,14 @@
 // request is cut into pieces (one per part it touches) written as fp32 partials with their log2-sum-
 // exp, merged by the combine. A part holds at most two pieces: the end of a request begun in an
 // earlier part (a "head" piece, slot 2p) and the start of one that continues past it (slot 2p + 1);
-// a request's pieces are therefore in slots 2f + 1, 2(f + 1), ..., 2l for its parts f..l. The CTA of
-// row tile 0 that holds a request's first tile records (f, pieces) for the combine.
+// a request's pieces are therefore in slots 2f + 1, 2(f + 1), ..., 2l for its parts f..l. In each
+// row tile, the CTA that holds a request's first tile records (f, pieces) there for the combine.
 //
 // Remainder CTAs (journal s3): a grid of row tiles x parts leaves SMs - R P SMs idle (n = 65 at H = 8:
 // 9 x 14 = 126 of 132). A batch launch gives them work: main part p owns [p w, (p + 1) w) of EVERY
 // row tile's axis (the rectangle keeps a K tile shared through L2 by the R row tiles that read it at
 // once), w = R total / SMs, and the R remainders [P w, total) are laid end to end and cut among the
-// E = SMs - R P extra CTAs (remainder_geometry). For row tile t the remainder's cuts are virtual
+// E = SMs - R P extra CTAs (part_geometry). For row tile t the remainder's cuts are virtual
 // parts P, P + 1, ... after the main ones, so a request's pieces still lie in consecutive (virtual)
 // parts and slots; the records are per (request, row tile), written by the CTA that holds the
 // request's first tile in that row tile.
