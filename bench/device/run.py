@@ -15,7 +15,7 @@ A step name starts a step and the words after it, up to the next step name, are 
                                the sanitizer-sized consecutive-slot, part-schedule, two-piece merge and
                                extra-CTA tests, memcheck over the path's sanitizer-sized kernel tests
                                (KDTREE_TEST_SMALL=1). Both paths need ~560 s on the H200 (s3): give the
-                               step a call of its own (`setup sanitize:550 both`) or one path a call
+                               step a call of its own (`setup sanitize:550 both`), or each path one
   bench GRID PATHS [OPT ...]   bench/bench_verify.py --grid GRID --paths PATHS, its --time-limit taken from
                                the step's budget; OPTs go to bench_verify.py as they are
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
@@ -23,9 +23,10 @@ A step name starts a step and the words after it, up to the next step name, are 
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV
   ab NAME=LIB ... [paths=P] [shapes=S]
                                the smoke shapes (or S: 'B,H,n,L;...') timed with variant libraries
-                               against this checkout's build: LIB is a built .so, or a directory holding another checkout
-                               (built into WORK/lib_NAME.so, which later calls keep while the
-                               machine stays warm); geometric-mean time ratio per variant and path
+                               against this checkout's build: LIB is a built .so, or a directory
+                               holding another checkout (built into WORK/lib_NAME.so, which later
+                               calls keep while the machine stays warm); geometric-mean time ratio
+                               per variant and path
 
 PATHS is hopper, portable, hopper,portable (or both); hopper is dropped on a GPU that is not
 compute capability 9.0. Any step takes `lib=FILE` (KDTREE_LIB for its commands); profile takes
