@@ -124,7 +124,7 @@ def test_driver_dry_run_of_the_release_commands(drv, capsys):
                 "--small --no-triton") in out
         assert (f"KDTREE_KERNEL={p} KDTREE_TEST_SMALL=1 compute-sanitizer --print-limit 20 --tool racecheck python3 -m "
                 f"pytest -q -p no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k '(consecutive_slots or parts_span or "
-                f"two_split_merge or extra_ctas) and {p}'") in out
+                f"two_split_merge or extra_ctas or many_short_segments) and {p}'") in out
         assert (f"KDTREE_TEST_SMALL=1 compute-sanitizer --print-limit 20 --tool memcheck python3 -m pytest -q -p "
                 f"no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k {p} ") in out
     assert "python3 bench/bench_modes.py --json /tmp/out/modes.json --bs 8,128" in out
@@ -218,7 +218,8 @@ def test_driver_sanitize_runs_racecheck_and_memcheck_on_the_path(tmp_path):
     assert lines[0].startswith("hopper small=0 --print-limit 20 --tool racecheck") and lines[0].endswith(
         "bench/diag/smoke.py --small --no-triton")
     assert lines[1].startswith("hopper small=1 --print-limit 20 --tool racecheck") and lines[1].endswith(
-        "tests/kernel/test_kernel_gpu.py -k (consecutive_slots or parts_span or two_split_merge or extra_ctas) and hopper")
+        "tests/kernel/test_kernel_gpu.py -k (consecutive_slots or parts_span or two_split_merge or extra_ctas or "
+        "many_short_segments) and hopper")
     assert lines[2].startswith("hopper small=1 --print-limit 20 --tool memcheck") and lines[2].endswith(
         "tests/kernel/test_kernel_gpu.py -k hopper")
     assert "racecheck, smoke cases (hopper): rc=0" in r.stdout and "RACECHECK SUMMARY: 0 hazards" in r.stdout

@@ -312,7 +312,8 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
             # s1: also the part schedule's walks (several segments a CTA, barriers re-initialised
             # between them), the merge of pieces and (s3) the extra CTAs' walks across row tiles
             Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
-                "-x", *tests, "-k", f"(consecutive_slots or parts_span or two_split_merge or extra_ctas) and {p}")],
+                "-x", *tests, "-k",
+                f"(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments) and {p}")],
                 f"racecheck-slots-{p}.log", share=0.6 / len(paths),  # 160-180 s a path on the H200 (s3)
                 env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
             Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", p)],

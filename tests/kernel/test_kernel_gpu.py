@@ -348,6 +348,31 @@ def test_extra_ctas_take_the_row_tiles_remainders(ops, drafts, heads):
     assert torch.equal(out[cov], again[cov]), f"two calls on the same inputs differ: {batch.describe()}"
 
 
+@pytest.mark.parametrize("heads", [16, 5, 128], ids=["H16-tokens-per-box", "H5-no-box", "H128-heads-per-box"])
+def test_many_short_segments_a_part(ops, monkeypatch, heads):
+    """s4 (Hopper): a CTA walks to its next segment during the current one and loads the next Q by
+    TMA before the current one ends. Many short requests (0-3 key tiles: segments of one, two and
+    three tiles, where the walk runs at the last tile, the first, or three before the end) in few
+    parts, so each CTA runs many segments in a row; ragged drafts, so full row tiles (Q by TMA where
+    the map applies) and row tiles with padding rows (Q by cp.async) alternate within a part, and the
+    Q barrier's phase moves only on the TMA ones. Compared with float64 and bitwise stable."""
+    rng = random.Random(4000 + heads)
+    B = 24 if SMALL else 60
+    prefixes = [rng.choice([0, 1, 40, 64, 65, 100, 128, 129, 190]) for _ in range(B)]
+    drafts = [rng.choice([1, 2, 4, 8, 13, 16]) for _ in range(B)]
+    with _forced_splits(ops, monkeypatch, 3):
+        batch = make_verify_batch(prefixes, num_heads=heads, draft_lens=drafts, mask="tree", mask_dtype=U8,
+                                  qo_indptr_dtype=I64, seed=4100 + heads, device=DEV, index_garbage=GARBAGE)
+        out = _run(ops, batch)
+        plan = next(iter(ops._plans.values()))
+        assert plan.c_plan.num_splits == 3
+        _check_against_reference(batch, out, what=f"op with 3 parts over {B} short requests, H = {heads}")
+        again = _run(ops, batch)
+        torch.cuda.synchronize()
+        cov = batch.covered_rows()
+        assert torch.equal(out[cov], again[cov]), f"two calls on the same inputs differ: {batch.describe()}"
+
+
 def test_planned_two_splits_at_b32_h8_n16(ops):
     """The grid's B32 H8 n16 shapes plan 2 splits on a 132-SM GPU (Hopper path). Random prefixes,
     some of one key tile (one active split)."""
