@@ -107,11 +107,12 @@ def _run(ops, batch, out=None, **over):
     return out
 
 
-def _assert_repeatable(ops, batch, out, **run_kw):
+def _assert_repeatable(ops, batch, result, /, **run_kw):
     """Same inputs, second call: bitwise identical on the covered rows (a moving result is a race). The
-    first result is copied before the second call, which may write into the same `out`."""
+    first result is copied before the second call, which may write into the same `out` (passed in
+    run_kw, hence `result` is positional-only)."""
     cov = batch.covered_rows()
-    first = out[cov].clone()
+    first = result[cov].clone()
     again = _run(ops, batch, **run_kw)
     torch.cuda.synchronize()
     assert torch.equal(first, again[cov]), f"two calls on the same inputs differ: {batch.describe()}"
