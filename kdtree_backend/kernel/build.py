@@ -216,7 +216,7 @@ def nvcc_command(nvcc: str, out: Path, archs: tuple[int, ...], extra: tuple[str,
                  objects: tuple[Path, ...] = (), ptx_arch: int = 0) -> list[str]:
     """The library: the portable kernels' translation unit for every arch (SASS) and, with
     `ptx_arch`, that arch's PTX, linked with `objects` (the C API's, the Hopper kernel's)."""
-    gencodes = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    gencodes = [f"-gencode=arch=compute_{a}a,code=sm_{a}a" for a in archs]  # p14 experiment: setmaxnreg
     if ptx_arch:
         gencodes.append(f"-gencode=arch=compute_{ptx_arch},code=compute_{ptx_arch}")
     return [

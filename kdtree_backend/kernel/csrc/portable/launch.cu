@@ -9,17 +9,19 @@
 #include "../common/launch.h"
 #include "../common/launch_plan.h"
 #include "kernel.cuh"
+#include "kernel_ws.cuh"
 #include "launch.h"
 
 namespace kdtree {
 namespace portable {
 namespace {
 
-using Cfg = PortableConfig;
-constexpr int kSmemBytes = SmemLayout<Cfg>::kBytes;
+// p14 experiment: the warp-specialised kernel (arch-specific targets only).
+using Cfg = WsConfig;
+constexpr int kSmemBytes = WsLayout::kBytes;
 using Kernel = void (*)(KdtreeVerifyParams);
 // s1e: a launch of one request (no batch scan, no walk), and any batch (the last: the probe's).
-const Kernel kKernels[] = {verify_attention_kernel<Cfg, true>, verify_attention_kernel<Cfg, false>};
+const Kernel kKernels[] = {verify_ws_kernel<true>, verify_ws_kernel<false>};
 KernelFamily<Kernel, 2> g_kernels("the portable verify kernel", "", kSmemBytes, kKernels);
 
 }  // namespace

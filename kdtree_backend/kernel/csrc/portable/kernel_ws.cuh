@@ -1,0 +1,515 @@
+// p14 (journal): the portable kernel with warp-specialised roles. EXPERIMENT on branch p14.
+//
+// 12 warps (384 threads), one row tile of 64 query rows x one part of the key tiles, 32-key tiles:
+//   * QK warps 0-3 (warpgroup 0, one a scheduler): warp g owns query rows 16g..16g+15 over the whole
+//     576 depth. Q's 512 "nope" columns live in its registers (128 a thread), the 64 rope columns in
+//     shared memory (q_rope). It computes S = Q K^T, masks, runs the online softmax, and hands P
+//     (bf16) and the rows' rescale factors to the PV warps through a double-buffered P buffer.
+//   * PV warps 4-11 (warpgroups 1-2, two a scheduler): warp c owns output columns 64c..64c+63 of
+//     all 64 rows (128 fp32 accumulators a thread) and accumulates O += P V from the same K stage
+//     (V = K[:, :512]). They also gather the K tiles (16-byte cp.async, 9 a thread a tile, completed
+//     on the stage's mbarrier with cp.async.mbarrier.arrive.noinc).
+// The roles meet only at: K full (mbarrier per stage: 256 PV-thread arrivals a phase), P full (named
+// barrier per P parity: QK arrive, PV sync), P free (named barrier per parity: PV arrive, QK sync)
+// and, among the PV warps, one barrier before a stage is refilled. The QK warps run up to one tile
+// ahead, so the tensor pipe has PV work while the QK warps run their softmax, and QK work while the
+// PV warps wait for P.
+//
+// Registers: setmaxnreg (PTX for sm_90a / sm_100a / sm_120a only): QK 184, PV 160
+// (4 x 32 x 184 + 8 x 32 x 160 = 384 x 168, the launch's allocation).
+#pragma once
+#include <cuda_bf16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "../common/draft_mask.cuh"
+#include "../common/mbarrier.cuh"
+#include "../common/ptx.cuh"
+#include "../common/request.cuh"
+#include "../kdtree_api.h"
+#include "mma.cuh"
+#include "traits.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM120_ALL)
+#define KDTREE_WS_ARCH 1
+#endif
+
+namespace kdtree {
+
+struct WsConfig {
+  static constexpr int kM = 64;
+  static constexpr int kBN = 32;
+  static constexpr int kStages = 2;
+  static constexpr int kQkWarps = 4;
+  static constexpr int kPvWarps = 8;
+  static constexpr int kThreads = (kQkWarps + kPvWarps) * 32;
+  static constexpr int kPvThreads = kPvWarps * 32;
+  static constexpr int kTileBytes = kBN * kSmemRowBytes;
+  static constexpr int kNopeSteps = kVDim / 16;             // 32 k-steps of Q held in registers
+  static constexpr int kRopeSteps = (kQkDim - kVDim) / 16;  // 4 k-steps read from q_rope
+  static constexpr int kRopeRowBytes = (kQkDim - kVDim) * 2 + 16;  // 144: 8 rows hit 8 bank groups
+  static constexpr int kPRowBytes = kBN * 2 + 16;                   // 80: conflict-free ldmatrix/stores
+  static constexpr int kPvCols = kVDim / kPvWarps;                  // 64 output columns a PV warp
+  static constexpr int kQkRegs = 184;
+  static constexpr int kPvRegs = 160;
+  static_assert(kStages * kTileBytes >= kM * kSmemRowBytes, "Q is staged in the K stages' space");
+  static_assert(kQkWarps * kQkRegs + kPvWarps * kPvRegs <= (kThreads / 32) * 168, "setmaxnreg budget");
+};
+
+struct WsShared {
+  uint8_t stage[WsConfig::kStages * WsConfig::kTileBytes];  // Q staging, then the K stages
+  uint8_t q_rope[WsConfig::kM * WsConfig::kRopeRowBytes];
+  uint8_t p_buf[2][WsConfig::kM * WsConfig::kPRowBytes];
+  float alpha[2][WsConfig::kM];
+  uint32_t moved[2];  // a byte a QK warp: some row's max moved this tile
+  float row_m[WsConfig::kM];
+  float row_l[WsConfig::kM];
+  alignas(8) uint64_t k_full[WsConfig::kStages];
+  int64_t slot_ring[2][WsConfig::kBN];
+  int64_t kv0;
+  int64_t seg_q0;
+  int seg_b;
+  int seg_slot;
+  int seg_direct;
+  int seg_row_tile;
+  ScheduleScratch sched;
+};
+
+struct WsLayout {
+  static constexpr int kQRope = static_cast<int>(offsetof(WsShared, q_rope));
+  static constexpr int kPBuf = static_cast<int>(offsetof(WsShared, p_buf));
+  static constexpr int kAlpha = static_cast<int>(offsetof(WsShared, alpha));
+  static constexpr int kMoved = static_cast<int>(offsetof(WsShared, moved));
+  static constexpr int kRowM = static_cast<int>(offsetof(WsShared, row_m));
+  static constexpr int kRowL = static_cast<int>(offsetof(WsShared, row_l));
+  static constexpr int kKFull = static_cast<int>(offsetof(WsShared, k_full));
+  static constexpr int kSlotRing = static_cast<int>(offsetof(WsShared, slot_ring));
+  static constexpr int kKv0 = static_cast<int>(offsetof(WsShared, kv0));
+  static constexpr int kSegQ0 = static_cast<int>(offsetof(WsShared, seg_q0));
+  static constexpr int kSegB = static_cast<int>(offsetof(WsShared, seg_b));
+  static constexpr int kSegSlot = static_cast<int>(offsetof(WsShared, seg_slot));
+  static constexpr int kSegDirect = static_cast<int>(offsetof(WsShared, seg_direct));
+  static constexpr int kSegRowTile = static_cast<int>(offsetof(WsShared, seg_row_tile));
+  static constexpr int kSched = static_cast<int>(offsetof(WsShared, sched));
+  static constexpr int kBytes = static_cast<int>(sizeof(WsShared));
+};
+static_assert(WsLayout::kBytes <= kSm120MaxSmemPerBlock, "the warp-specialised kernel must fit sm_120's 99 KB");
+
+namespace ws {
+
+// Named barriers (0 is __syncthreads).
+enum Barrier : int { kPFull0 = 1, kPFull1 = 2, kPFree0 = 3, kPFree1 = 4, kPvStage = 5 };
+
+__device__ __forceinline__ uint32_t k_full_bar(int stage) {
+  return smem_addr(g_smem) + WsLayout::kKFull + 8 * stage;
+}
+
+// The prologue both roles run (every thread): the segment's values, the K barriers, Q into shared
+// memory (nope columns into the stage area, rope columns into q_rope; zeros past the request) and
+// the first two tiles' slot ids. Ends with a __syncthreads: Q and the ids are visible.
+__device__ __forceinline__ void segment_prologue(const KdtreeVerifyParams& p, const CtaWork& cw, int row_tile, int tid,
+                                                 bool first) {
+  const RequestView& req = cw.req;
+  const uint32_t base = smem_addr(g_smem);
+  {
+    constexpr int kTpr = WsConfig::kThreads / WsConfig::kM;  // 6 threads a row, 12 chunks each
+    const int row = tid / kTpr;
+    bool valid;
+    const __nv_bfloat16* src = q_row_src(p, req, row_tile * WsConfig::kM + row, cw.rows, valid);
+#pragma unroll
+    for (int u = 0; u < kRowChunks / kTpr; ++u) {
+      const int c = tid % kTpr + kTpr * u;
+      const uint32_t dst = c < kVDim / 8 ? base + row_offset(row, c)
+                                         : base + WsLayout::kQRope + row * WsConfig::kRopeRowBytes + (c - kVDim / 8) * 16;
+      cp_async_16(dst, src + c * 8, valid);
+    }
+  }
+  if (tid == 0) {
+    *reinterpret_cast<int64_t*>(g_smem + WsLayout::kKv0) = req.kv0;
+    *reinterpret_cast<int64_t*>(g_smem + WsLayout::kSegQ0) = req.q0;
+    *reinterpret_cast<int*>(g_smem + WsLayout::kSegB) = cw.b;
+    *reinterpret_cast<int*>(g_smem + WsLayout::kSegSlot) = cw.slot;
+    *reinterpret_cast<int*>(g_smem + WsLayout::kSegDirect) = cw.direct ? 1 : 0;
+    *reinterpret_cast<int*>(g_smem + WsLayout::kSegRowTile) = row_tile;
+    for (int s = 0; s < WsConfig::kStages; ++s) {
+      if (!first) mbar_inval(k_full_bar(s));
+      mbar_init(k_full_bar(s), WsConfig::kPvThreads);
+    }
+  }
+  // The first two tiles' slot ids (ring entries 0 and 1), by the PV threads that issue their rows.
+  if (tid >= WsConfig::kQkWarps * 32) {
+    const int pt = tid - WsConfig::kQkWarps * 32;
+    constexpr int kTprK = WsConfig::kPvThreads / WsConfig::kBN;
+    const int key = pt / kTprK;
+    if (pt % kTprK == 0) {
+      const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int tile = cw.t_begin + i;
+        if (tile < cw.t_end && tile < cw.w.prefix_tiles) {
+          const int j = tile * WsConfig::kBN + key;
+          const bool in_prefix = j < req.prefix;
+          cp_async_8(base + WsLayout::kSlotRing + (i * WsConfig::kBN + key) * 8, kv_indices + req.kv0 + (in_prefix ? j : 0),
+                     in_prefix);
+        }
+      }
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------
+// QK role
+struct QkState {
+  uint32_t q[WsConfig::kNopeSteps][4];
+  float m[2];
+  float l[2];
+};
+
+__device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const CtaWork& cw, int row_tile, int tid,
+                                           bool first) {
+  const int lane = tid & 31;
+  const int g = tid >> 5;
+  segment_prologue(p, cw, row_tile, tid, first);
+  const uint32_t base = smem_addr(g_smem);
+  QkState st;
+  {
+    const uint32_t qb = base + row_offset(g * 16 + (lane & 15), lane >> 4);
+#pragma unroll
+    for (int ks = 0; ks < WsConfig::kNopeSteps; ++ks) ldmatrix_x4(qb + ks * 32, st.q[ks][0], st.q[ks][1], st.q[ks][2], st.q[ks][3]);
+  }
+  st.m[0] = st.m[1] = -CUDART_INF_F;
+  st.l[0] = st.l[1] = 0.f;
+  __syncthreads();  // Q read: the stage area becomes the K pipeline
+
+  const int T = cw.t_end - cw.t_begin;
+  const int prefix = cw.req.prefix, n = cw.req.n, prefix_tiles = cw.w.prefix_tiles;
+  const uint32_t rope = base + WsLayout::kQRope + (g * 16 + (lane & 15)) * WsConfig::kRopeRowBytes + (lane >> 4) * 16;
+  const uint32_t lo_qk = row_offset((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const int row0 = row_tile * WsConfig::kM + g * 16 + (lane >> 2);
+  const int col_lane = 2 * (lane & 3);
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr int NT = WsConfig::kBN / 8;
+
+  for (int i = 0; i < T; ++i) {
+    const int t = cw.t_begin + i;
+    const int pp = i & 1;
+    const uint32_t tile_base = base + (i & 1) * WsConfig::kTileBytes;
+    mbar_wait(k_full_bar(i & 1), (i >> 1) & 1);
+
+    float s[NT][4];
+#pragma unroll
+    for (int f = 0; f < NT; ++f) s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < WsConfig::kNopeSteps + WsConfig::kRopeSteps; ++ks) {
+      uint32_t a[4];
+      if (ks < WsConfig::kNopeSteps) {
+        a[0] = st.q[ks][0];
+        a[1] = st.q[ks][1];
+        a[2] = st.q[ks][2];
+        a[3] = st.q[ks][3];
+      } else {
+        ldmatrix_x4(rope + (ks - WsConfig::kNopeSteps) * 32, a[0], a[1], a[2], a[3]);
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(tile_base + lo_qk + ks * 32 + np * 16 * kSmemRowBytes, b0, b1, b2, b3);
+        mma_bf16_16816(s[2 * np], a, b0, b1);
+        mma_bf16_16816(s[2 * np + 1], a, b2, b3);
+      }
+    }
+
+    // Scale into the log2 domain and mask (prefix keys past P; draft keys by the tree mask).
+    const bool is_prefix = t < prefix_tiles;
+    const int key_base = is_prefix ? t * WsConfig::kBN : (t - prefix_tiles) * WsConfig::kBN;
+    if (is_prefix) {
+#pragma unroll
+      for (int f = 0; f < NT; ++f)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key_base + f * 8 + col_lane + (e & 1);
+          s[f][e] = key < prefix ? s[f][e] * (p.sm_scale * p.k_scale * kLog2e) : -CUDART_INF_F;
+        }
+    } else {
+      const uint8_t* mask = request_mask(p, ld_shared_s32(base + WsLayout::kSegB));
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
+#pragma unroll
+        for (int f = 0; f < NT; ++f)
+#pragma unroll
+          for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+            const int key = key_base + f * 8 + col_lane + (e & 1);
+            s[f][e] = draft_key_visible(d.mask_row, n, d.valid, d.query, key) ? s[f][e] * (p.sm_scale * kLog2e)
+                                                                              : -CUDART_INF_F;
+          }
+      }
+    }
+
+    // Online softmax with the lazily moved reference max (as the shipped kernel, kernel.cuh).
+    constexpr float kRescaleThreshold = 8.f;
+    float alpha[2];
+    bool move[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -CUDART_INF_F;
+#pragma unroll
+      for (int f = 0; f < NT; ++f) mx = fmaxf(mx, fmaxf(s[f][2 * rr], s[f][2 * rr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      move[rr] = mx > st.m[rr] + kRescaleThreshold;
+      const float m_new = move[rr] ? mx : st.m[rr];
+      alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
+      st.l[rr] *= alpha[rr];
+      st.m[rr] = m_new;
+    }
+    const bool any_move = __any_sync(0xffffffffu, move[0] || move[1]);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const float mb = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
+      float sum = 0.f;
+#pragma unroll
+      for (int f = 0; f < NT; ++f) {
+        s[f][2 * rr] = exp2f(s[f][2 * rr] - mb);
+        s[f][2 * rr + 1] = exp2f(s[f][2 * rr + 1] - mb);
+        sum += s[f][2 * rr] + s[f][2 * rr + 1];
+      }
+      st.l[rr] += sum;
+    }
+
+    // Hand P and the factors over: wait until the PV warps are done with this parity's buffer.
+    if (i >= 2) named_barrier(kPFree0 + pp, WsConfig::kThreads);
+    const float ps = is_prefix ? p.v_scale : 1.f;
+    const uint32_t pb = base + WsLayout::kPBuf + pp * (WsConfig::kM * WsConfig::kPRowBytes);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row = g * 16 + (lane >> 2) + rr * 8;
+#pragma unroll
+      for (int f = 0; f < NT; ++f) {
+        const uint32_t v = pack_bf16x2(s[f][2 * rr] * ps, s[f][2 * rr + 1] * ps);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(pb + row * WsConfig::kPRowBytes + (f * 8 + col_lane) * 2), "r"(v)
+                     : "memory");
+      }
+      if ((lane & 3) == 0) {
+        asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(base + WsLayout::kAlpha + (pp * WsConfig::kM + row) * 4),
+                     "f"(alpha[rr])
+                     : "memory");
+      }
+    }
+    if (lane == 0) {
+      asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(base + WsLayout::kMoved + pp * 4 + g), "r"(any_move ? 1u : 0u)
+                   : "memory");
+    }
+    named_arrive(kPFull0 + pp, WsConfig::kThreads);
+  }
+
+  // The rows' final max and sum for the PV warps' epilogue.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float l = st.l[rr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if ((lane & 3) == 0) {
+      const int row = g * 16 + (lane >> 2) + rr * 8;
+      reinterpret_cast<float*>(g_smem + WsLayout::kRowM)[row] = st.m[rr];
+      reinterpret_cast<float*>(g_smem + WsLayout::kRowL)[row] = l;
+    }
+  }
+  __syncthreads();  // the epilogue's: row_m / row_l visible to the PV warps
+}
+
+// ---------------------------------------------------------------------------------------------
+// PV role
+__device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const CtaWork& cw, int row_tile, int tid,
+                                           bool first) {
+  const int lane = tid & 31;
+  const int pt = tid - WsConfig::kQkWarps * 32;  // 0..255
+  const int c = pt >> 5;                         // column slice
+  segment_prologue(p, cw, row_tile, tid, first);
+  const uint32_t base = smem_addr(g_smem);
+  float o[4][8][4];
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int f = 0; f < 8; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
+  __syncthreads();  // the QK warps have read Q: the stage area becomes the K pipeline
+
+  const int T = cw.t_end - cw.t_begin;
+  const int t_begin = cw.t_begin, t_end = cw.t_end;
+  const RequestView& req = cw.req;
+  const int prefix_tiles = cw.w.prefix_tiles;
+
+  // K-tile gather: 8 threads a key row, 9 chunks each.
+  constexpr int kTprK = WsConfig::kPvThreads / WsConfig::kBN;
+  constexpr int kChunksPerThread = kRowChunks / kTprK;
+  static_assert(kRowChunks % kTprK == 0, "whole chunks a thread");
+  const int my_key = pt / kTprK;
+  const int my_chunk0 = pt % kTprK;
+  const __nv_bfloat16* kd = reinterpret_cast<const __nv_bfloat16*>(p.k);
+  const __nv_bfloat16* kv = reinterpret_cast<const __nv_bfloat16*>(p.kv_cache);
+  const int64_t* kv_indices = reinterpret_cast<const int64_t*>(p.kv_indices);
+  auto ring = [&](int tile) {
+    return base + WsLayout::kSlotRing + (((tile - t_begin) & 1) * WsConfig::kBN + my_key) * 8;
+  };
+  auto stage_ids = [&](int tile) {
+    if (my_chunk0 == 0 && tile < t_end && tile < prefix_tiles) {
+      const int j = tile * WsConfig::kBN + my_key;
+      const bool in_prefix = j < req.prefix;
+      const int64_t kv0 = ld_shared_s64(base + WsLayout::kKv0);
+      cp_async_8(ring(tile), kv_indices + kv0 + (in_prefix ? j : 0), in_prefix);
+    }
+  };
+  auto issue = [&](int tile) {
+    const uint32_t dst = base + ((tile - t_begin) & 1) * WsConfig::kTileBytes + row_offset(my_key, 0);
+    const __nv_bfloat16* src;
+    bool valid;
+    if (tile < prefix_tiles) {
+      const int j = tile * WsConfig::kBN + my_key;
+      const int64_t slot = ld_shared_s64(ring(tile));
+      valid = j < req.prefix && slot >= 0 && slot < p.kv_num_slots;
+      src = kv + (valid ? slot : 0) * p.kv_stride_slot;
+    } else {
+      const int cc = (tile - prefix_tiles) * WsConfig::kBN + my_key;
+      valid = cc < req.n;
+      src = kd + (ld_shared_s64(base + WsLayout::kSegQ0) + (valid ? cc : 0)) * p.k_stride_tok;
+    }
+#pragma unroll
+    for (int u = 0; u < kChunksPerThread; ++u) {
+      const int ch = my_chunk0 + kTprK * u;
+      cp_async_16(dst + ch * 16, src + ch * 8, valid);
+    }
+  };
+
+  // Prologue: tiles 0 and 1 (their ids landed with Q), then tile 2's ids into ring entry 0 once
+  // every PV thread has read entry 0.
+  if (T > 0) {
+    issue(t_begin);
+    cp_async_mbar_arrive(k_full_bar(0));
+  }
+  if (T > 1) {
+    named_barrier(kPvStage, WsConfig::kPvThreads);
+    issue(t_begin + 1);
+    stage_ids(t_begin + 2);
+    cp_async_mbar_arrive(k_full_bar(1));
+  }
+
+  const uint32_t lo_pv = row_offset((lane & 7) + (((lane >> 3) & 1) << 3), c * (WsConfig::kPvCols / 8) + (lane >> 4));
+  const uint32_t lo_p = (lane & 15) * WsConfig::kPRowBytes + (lane >> 4) * 16;
+  for (int i = 0; i < T; ++i) {
+    const int pp = i & 1;
+    const uint32_t tile_base = base + (i & 1) * WsConfig::kTileBytes;
+    named_barrier(kPFull0 + pp, WsConfig::kThreads);  // P and the factors of tile i
+    mbar_wait(k_full_bar(i & 1), (i >> 1) & 1);        // tile i landed (complete already: the QK warps waited)
+    if (ld_shared_s32(base + WsLayout::kMoved + pp * 4) != 0) {
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const float a = reinterpret_cast<const float*>(g_smem + WsLayout::kAlpha)[pp * WsConfig::kM + mt * 16 + (lane >> 2) + rr * 8];
+#pragma unroll
+          for (int f = 0; f < 8; ++f) {
+            o[mt][f][2 * rr] *= a;
+            o[mt][f][2 * rr + 1] *= a;
+          }
+        }
+    }
+    const uint32_t pb = base + WsLayout::kPBuf + pp * (WsConfig::kM * WsConfig::kPRowBytes) + lo_p;
+#pragma unroll
+    for (int kk = 0; kk < WsConfig::kBN / 16; ++kk) {
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+        ldmatrix_x4(pb + mt * 16 * WsConfig::kPRowBytes + kk * 32, pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4_trans(tile_base + lo_pv + j * 32 + kk * 16 * kSmemRowBytes, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          mma_bf16_16816(o[mt][2 * j], pa[mt], b0, b1);
+          mma_bf16_16816(o[mt][2 * j + 1], pa[mt], b2, b3);
+        }
+      }
+    }
+    if (i + 2 < T) {
+      named_arrive(kPFree0 + pp, WsConfig::kThreads);  // this parity's P buffer is free again
+      // Every PV warp is done with stage i & 1 (the QK warps were, before P full): refill it with
+      // tile i + 2, whose ids landed with tile i + 1 (its barrier's phase).
+      named_barrier(kPvStage, WsConfig::kPvThreads);
+      mbar_wait(k_full_bar((i + 1) & 1), ((i + 1) >> 1) & 1);
+      issue(t_begin + i + 2);
+      stage_ids(t_begin + i + 3);
+      cp_async_mbar_arrive(k_full_bar(i & 1));
+    }
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();  // the QK warps' row_m / row_l
+
+  const bool direct = ld_shared_s32(base + WsLayout::kSegDirect) != 0;
+  const int slot = ld_shared_s32(base + WsLayout::kSegSlot);
+  RequestView req_out = req;
+  req_out.q0 = ld_shared_s64(base + WsLayout::kSegQ0);
+  const int rt = ld_shared_s32(base + WsLayout::kSegRowTile);
+  const int rows = req_out.n * p.num_heads;
+  const int col0 = c * WsConfig::kPvCols + 2 * (lane & 3);
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int row_local = mt * 16 + (lane >> 2) + rr * 8;
+      const int r = rt * WsConfig::kM + row_local;
+      if (r >= rows) continue;
+      const float l = reinterpret_cast<const float*>(g_smem + WsLayout::kRowL)[row_local];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      if (direct) {
+        __nv_bfloat16* dst = out_row(p, req_out, r) + col0;
+#pragma unroll
+        for (int f = 0; f < 8; ++f)
+          *reinterpret_cast<uint32_t*>(dst + f * 8) = pack_bf16x2(o[mt][f][2 * rr] * inv, o[mt][f][2 * rr + 1] * inv);
+      } else {
+        const WorkspaceView wsv = launch_workspace<WsConfig>(p);
+        const int64_t ws_row = static_cast<int64_t>(slot) * wsv.rows_per_slot + r;
+        float* ws_o = wsv.o + ws_row * kVDim + col0;
+#pragma unroll
+        for (int f = 0; f < 8; ++f)
+          *reinterpret_cast<float2*>(ws_o + f * 8) = make_float2(o[mt][f][2 * rr] * inv, o[mt][f][2 * rr + 1] * inv);
+        if (c == 0 && (lane & 3) == 0) {
+          const float m = reinterpret_cast<const float*>(g_smem + WsLayout::kRowM)[row_local];
+          wsv.lse[ws_row] = l > 0.f ? m + log2f(l) : -CUDART_INF_F;
+        }
+      }
+    }
+}
+
+}  // namespace ws
+
+template <bool kSingle>
+__global__ void __launch_bounds__(WsConfig::kThreads, 1) verify_ws_kernel(const KdtreeVerifyParams p) {
+#ifdef KDTREE_WS_ARCH
+  ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + WsLayout::kSched);
+  const int tid = threadIdx.x;
+  if (tid < WsConfig::kQkWarps * 32) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
+    bool first = true;
+    walk_part<WsConfig, kSingle>(p, sched, [] {}, [&](const CtaWork& cw) {
+      ws::qk_segment(p, cw, cw.row_tile, tid, first);
+      first = false;
+    });
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kPvRegs));
+    bool first = true;
+    walk_part<WsConfig, kSingle>(p, sched, [] {}, [&](const CtaWork& cw) {
+      ws::pv_segment(p, cw, cw.row_tile, tid, first);
+      first = false;
+    });
+  }
+#else
+  __trap();  // built only for the arch-specific targets (setmaxnreg)
+#endif
+}
+
+}  // namespace kdtree
