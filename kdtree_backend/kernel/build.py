@@ -160,10 +160,13 @@ def _package_version() -> str:
         return "0.0.0"
 
 
-# The translation units: the C API (host code only), the portable kernels (built for every arch of
-# the library) and the Hopper kernel (its own object, sm_90a only).
+# The translation units: the C API (host code only), the portable tiled kernels (built for every arch
+# of the library, with PTX), the portable warp-specialised kernel (its own object, the arch-specific
+# target of every arch built, no PTX: portable/launch.h) and the Hopper kernel (its own object, sm_90a
+# only).
 API_SOURCE = CSRC_DIR / "kdtree_api.cu"
 PORTABLE_SOURCE = CSRC_DIR / "portable" / "launch.cu"
+PORTABLE_WS_SOURCE = CSRC_DIR / "portable" / "launch_ws.cu"
 HOPPER_SOURCE = CSRC_DIR / "hopper" / "launch.cu"
 HOPPER_GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 
@@ -212,11 +215,21 @@ def hopper_object_command(nvcc: str, out_obj: Path, extra: tuple[str, ...] = ())
     return [nvcc, *_common_flags(), HOPPER_GENCODE, *extra, "-c", "-o", str(out_obj), str(HOPPER_SOURCE)]
 
 
+def portable_ws_object_command(nvcc: str, out_obj: Path, archs: tuple[int, ...],
+                               extra: tuple[str, ...] = ()) -> list[str]:
+    """Compile the warp-specialised portable kernel for the arch-specific target of each arch
+    (sm_90a, sm_100a, sm_120a: setmaxnreg exists on no other), without PTX: a GPU of another compute
+    capability finds no image of it and runs the tiled kernel."""
+    gencodes = [f"-gencode=arch=compute_{a}a,code=sm_{a}a" for a in archs]
+    return [nvcc, *_common_flags(), *gencodes, *extra, "-c", "-o", str(out_obj), str(PORTABLE_WS_SOURCE)]
+
+
 def nvcc_command(nvcc: str, out: Path, archs: tuple[int, ...], extra: tuple[str, ...] = (),
                  objects: tuple[Path, ...] = (), ptx_arch: int = 0) -> list[str]:
     """The library: the portable kernels' translation unit for every arch (SASS) and, with
-    `ptx_arch`, that arch's PTX, linked with `objects` (the C API's, the Hopper kernel's)."""
-    gencodes = [f"-gencode=arch=compute_{a}a,code=sm_{a}a" for a in archs]  # p14 experiment: setmaxnreg
+    `ptx_arch`, that arch's PTX, linked with `objects` (the C API's, the warp-specialised portable
+    kernel's, the Hopper kernel's)."""
+    gencodes = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     if ptx_arch:
         gencodes.append(f"-gencode=arch=compute_{ptx_arch},code=compute_{ptx_arch}")
     return [
@@ -288,15 +301,20 @@ def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose:
         hopper = with_hopper(archs)
         objects = [Path(objdir) / "kdtree_api.o"]
         compiles = [api_object_command(nvcc, objects[0], archs, hopper, tuple(extra_flags), ptx_arch)]
+        objects.append(Path(objdir) / "portable_launch_ws.o")
+        compiles.append(portable_ws_object_command(nvcc, objects[-1], archs, tuple(extra_flags)))
         if hopper:
             objects.append(Path(objdir) / "hopper_launch.o")
-            compiles.append(hopper_object_command(nvcc, objects[1], tuple(extra_flags)))
-        for ccmd in compiles:
-            proc = subprocess.run(ccmd, capture_output=True, text=True)
-            log += proc.stdout + proc.stderr
-            if proc.returncode != 0:
+            compiles.append(hopper_object_command(nvcc, objects[-1], tuple(extra_flags)))
+        # The objects compile side by side (each nvcc is one process, mostly ptxas); their logs join
+        # in a fixed order.
+        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in compiles]
+        outs = [p.communicate()[0] for p in procs]
+        for ccmd, p, text in zip(compiles, procs, outs):
+            log += text
+            if p.returncode != 0:
                 Path(tmp).unlink(missing_ok=True)
-                raise BuildError(f"nvcc failed (exit {proc.returncode}):\n{' '.join(ccmd)}\n{log}")
+                raise BuildError(f"nvcc failed (exit {p.returncode}):\n{' '.join(ccmd)}\n{text}")
         cmd = nvcc_command(nvcc, Path(tmp), archs, tuple(extra_flags), tuple(objects), ptx_arch)
         proc = subprocess.run(cmd, capture_output=True, text=True)
         log += proc.stdout + proc.stderr

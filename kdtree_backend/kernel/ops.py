@@ -99,7 +99,7 @@ def probe_device(device: torch.device | int) -> str:
     """Check once per device that the library has a kernel image for it; returns the report."""
     index = device if isinstance(device, int) else (device.index if device.index is not None else torch.cuda.current_device())
     lib = _cdll()
-    buf = ctypes.create_string_buffer(512)
+    buf = ctypes.create_string_buffer(1024)
     rc = lib.kdtree_probe_device(index, buf, len(buf))
     if rc != 0:
         from kdtree_backend.kernel.loader import rebuild_fix  # noqa: PLC0415

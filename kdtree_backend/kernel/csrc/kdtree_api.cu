@@ -74,7 +74,7 @@ int kdtree_probe_device(int device, char* msg, int msg_len) {
   int prev = 0;
   cudaGetDevice(&prev);
   if (prev != device) cudaSetDevice(device);
-  char pmsg[512] = "";
+  char pmsg[1024] = "";
   int rc = kdtree::portable::probe(device, pmsg, sizeof(pmsg));
   if (rc != KDTREE_OK) fail(rc, "%s", pmsg);
   if (msg && msg_len > 0) snprintf(msg, msg_len, "%s", pmsg);
@@ -119,6 +119,7 @@ int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int num_sms, in
                 plan->requested_min_keys_per_split);
   switch (config) {
     case KDTREE_CONFIG_PORTABLE:
+    case KDTREE_CONFIG_PORTABLE_TILED:  // one plan for both tilings (portable/launch.h)
       kdtree::fill_plan(kdtree::portable::kRowsPerTile, kdtree::kDefaultMinKeysPerSplit, batch, num_heads, max_qo_len,
                         num_sms, plan);
       return KDTREE_OK;
@@ -158,7 +159,10 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
   char err[512] = "";
   switch (p.config) {
     case KDTREE_CONFIG_PORTABLE:
-      return launched(kdtree::portable::launch(p, static_cast<cudaStream_t>(stream), err, sizeof(err)), err);
+    case KDTREE_CONFIG_PORTABLE_TILED:
+      return launched(kdtree::portable::launch(p, p.config == KDTREE_CONFIG_PORTABLE_TILED,
+                                               static_cast<cudaStream_t>(stream), err, sizeof(err)),
+                      err);
     case KDTREE_CONFIG_HOPPER:
 #ifdef KDTREE_WITH_HOPPER
       return launched(kdtree::hopper::launch(p, static_cast<cudaStream_t>(stream), err, sizeof(err)), err);

@@ -72,9 +72,14 @@ typedef struct KdtreePlan {
 
 // Kernel configurations (KdtreeVerifyParams.config, kdtree_verify_plan's `config`).
 enum KdtreeConfig {
-  KDTREE_CONFIG_PORTABLE = 0,  // mma.sync, sm_90 and sm_120: what the RTX PRO 6000 runs
+  KDTREE_CONFIG_PORTABLE = 0,  // mma.sync, every arch: what the RTX PRO 6000 runs. The warp-specialised
+                               // tiling on compute capability 9.0, 10.0, 12.0 (sm_90a/100a/120a code),
+                               // the tiled one elsewhere (portable/launch.h)
   KDTREE_CONFIG_RESERVED_1 = 1,  // was rows32 (an experimental portable variant, rejected); never reuse
   KDTREE_CONFIG_HOPPER = 2,    // wgmma, sm_90a only (H100/H200); unsupported if built without it
+  KDTREE_CONFIG_PORTABLE_TILED = 3,  // the portable kernel's tiled form on every GPU: the fallback, the
+                                     // rollback (KDTREE_KERNEL=portable-tiled) and its tests. Added
+                                     // within ABI 2: an older library answers "unknown configuration"
 };
 
 enum KdtreeStatus {

@@ -1,4 +1,5 @@
-// p14 (journal): the portable kernel with warp-specialised roles. EXPERIMENT on branch p14.
+// The portable kernel with warp-specialised roles (journal p14/p16; docs/kernel/portable.md). Built by
+// portable/launch_ws.cu for the arch-specific targets only.
 //
 // 12 warps (384 threads), one row tile of 64 query rows x one part of the key tiles, 32-key tiles:
 //   * QK warps 0-3 (warpgroup 0, one a scheduler): warp g owns query rows 16g..16g+15 over the whole
@@ -15,7 +16,7 @@
 // ahead, so the tensor pipe has PV work while the QK warps run their softmax, and QK work while the
 // PV warps wait for P.
 //
-// Registers: setmaxnreg (PTX for sm_90a / sm_100a / sm_120a only): QK 184, PV 160
+// Registers: setmaxnreg (sm_90a / sm_100a / sm_120a only): QK 184, PV 160
 // (4 x 32 x 184 + 8 x 32 x 160 = 384 x 168, the launch's allocation).
 #pragma once
 #include <cuda_bf16.h>
@@ -29,10 +30,6 @@
 #include "../kdtree_api.h"
 #include "mma.cuh"
 #include "traits.cuh"
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) || defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM120_ALL)
-#define KDTREE_WS_ARCH 1
-#endif
 
 namespace kdtree {
 
@@ -489,7 +486,6 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
 
 template <bool kSingle>
 __global__ void __launch_bounds__(WsConfig::kThreads, 1) verify_ws_kernel(const KdtreeVerifyParams p) {
-#ifdef KDTREE_WS_ARCH
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + WsLayout::kSched);
   const int tid = threadIdx.x;
   if (tid < WsConfig::kQkWarps * 32) {
@@ -507,9 +503,6 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) verify_ws_kernel(const 
       first = false;
     });
   }
-#else
-  __trap();  // built only for the arch-specific targets (setmaxnreg)
-#endif
 }
 
 }  // namespace kdtree
