@@ -57,7 +57,9 @@ if str(ROOT) not in sys.path:
 QK, DV = 576, 512
 PAGE_FLASHMLA = 64
 IMPLS = ("ours", "triton", "verify_mla", "flashmla")
-KERNEL_PATHS = ("hopper", "portable")
+KERNEL_PATHS = ("hopper", "portable", "portable-tiled")
+# One letter per path in the tables' column heads.
+PATH_LETTER = {"hopper": "H", "portable": "P", "portable-tiled": "T"}
 VERIFY_MLA_MAX_N = 64  # verify_shared_kv_fwd is not run past this (minutes of compiling, then OutOfResources)
 Shape = collections.namedtuple("Shape", "B H n L")
 
@@ -341,7 +343,7 @@ def _fmt(v, spec="9.1f"):
 
 def _abbrev(paths):
     """Column prefixes: none for a single path, else the path's initial (H = hopper, P = portable)."""
-    return {p: "" if len(paths) == 1 else p[0].upper() + " " for p in paths}
+    return {p: "" if len(paths) == 1 else PATH_LETTER[p] + " " for p in paths}
 
 
 def table_columns(paths=("ours",)) -> list:
@@ -361,7 +363,7 @@ def table_columns(paths=("ours",)) -> list:
     cols += [("triton us", "10.1f", t("triton")), ("vmla us", "9.1f", t("verify_mla")), ("fmla us", "9.1f", t("flashmla"))]
     for p in paths:
         cols += [(ab[p] + "speedup", "8.1f", pv(p, "speedup_vs_triton")), (ab[p] + "/fmla", "6.2f", pv(p, "ratio_vs_flashmla"))]
-    cols += [(f"{p[0].upper()}/{paths[0][0].upper()}", "5.2f", pv(p, "time_vs_first_path")) for p in paths[1:]]
+    cols += [(f"{PATH_LETTER[p]}/{PATH_LETTER[paths[0]]}", "5.2f", pv(p, "time_vs_first_path")) for p in paths[1:]]
     for p in paths:
         cols += [(ab[p] + head, spec, mv(p, key)) for head, spec, key in (
             ("TB/s", "6.2f", "tbps"), ("TFLOP/s", "8.1f", "tflops"), ("%roof", "6.1f", "pct_roofline"),
@@ -379,8 +381,8 @@ def format_table(rows, paths=("ours",)) -> str:
     for r in rows:
         lines.append(f"{r.get('label', ''):<20} " + " ".join(_fmt(get(r), s) for _, s, get in cols))
     if len(paths) > 1:
-        lines.append("(" + ", ".join(f"{p[0].upper()} = {p} path" for p in paths)
-                     + "; " + ", ".join(f"{p[0].upper()}/{paths[0][0].upper()} = {p} time / {paths[0]} time"
+        lines.append("(" + ", ".join(f"{PATH_LETTER[p]} = {p} path" for p in paths)
+                     + "; " + ", ".join(f"{PATH_LETTER[p]}/{PATH_LETTER[paths[0]]} = {p} time / {paths[0]} time"
                                         for p in paths[1:]) + ")")
     return "\n".join(lines)
 

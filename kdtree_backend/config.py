@@ -67,9 +67,11 @@ def testing_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
 # --- kernel selection ---------------------------------------------------------------------------
 # auto: the Hopper (wgmma) kernel on compute capability 9.0 when the library has it, else the
 # portable one. portable / hopper force a path (hopper on another GPU is an error, not a
-# fallback).
+# fallback). portable-tiled: the portable kernel's tiled form even where its warp-specialised form
+# runs (compute capability 9.0, 10.0, 12.0): the rollback to the pre-p16 kernel without a rebuild, and
+# how the H200 tests the tiling other GPUs fall back to (docs/kernel/portable.md).
 ENV_KERNEL = "KDTREE_KERNEL"
-KERNEL_CHOICES = ("auto", "portable", "hopper")
+KERNEL_CHOICES = ("auto", "portable", "hopper", "portable-tiled")
 
 
 def read_kernel_choice(environ: Optional[Mapping[str, str]] = None) -> str:

@@ -65,7 +65,7 @@ def test_driver_groups_words_into_steps(drv):
     (["sanitize", "both", "extra"], "unexpected"),
     (["bench", "main"], "GRID PATHS"),
     (["bench", "Main!", "both"], "grid"),
-    (["profile", "both", "8,16,64,8192"], "hopper or portable"),
+    (["profile", "both", "8,16,64,8192"], "hopper, portable or portable-tiled"),
     (["profile", "hopper", "8x16"], "B,H,n,L"),
     (["setup", "now"], "no arguments"),
     (["ab"], "NAME=LIB"),
@@ -116,9 +116,15 @@ def test_driver_dry_run_of_the_release_commands(drv, capsys):
     assert "--target /tmp/site" in out and "--no-index --no-deps --no-compile --no-cache-dir --upgrade" in out
     assert "python3 -m kdtree_backend.build --check" in out
     assert ("KDTREE_KERNEL=hopper python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors "
-            "tests/ -k 'not portable'") in out
+            "tests/ -k 'not portable and not tiled'") in out
     assert ("KDTREE_KERNEL=portable python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors "
-            "tests/ -k 'not hopper'") in out
+            "tests/ -k 'not hopper and not tiled'") in out
+    assert "portable-tiled" not in out  # "both": the two paths an H200 serves by default
+    tiled = _dry(drv, capsys, "tests", "portable-tiled", "sanitize", "portable-tiled")
+    assert ("KDTREE_KERNEL=portable-tiled python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors "
+            "tests/ -k 'not hopper and not portable'") in tiled
+    assert "-k '(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments) and tiled'" in tiled
+    assert "tests/kernel/test_kernel_gpu.py -k tiled " in tiled
     for p in ("hopper", "portable"):
         assert (f"KDTREE_KERNEL={p} compute-sanitizer --print-limit 20 --tool racecheck python3 bench/diag/smoke.py "
                 "--small --no-triton") in out

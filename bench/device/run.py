@@ -59,14 +59,19 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNEL_PATHS = ("hopper", "portable")
+KERNEL_PATHS = ("hopper", "portable", "portable-tiled")
+# "both": the two paths an H200 serves by default (portable-tiled, the other GPUs' fallback, by name).
+DEFAULT_PATHS = ("hopper", "portable")
+# The word that names each path in the kernel tests' ids (test_kernel_gpu.py's kernel_path ids): no
+# path's word is a substring of another's.
+PATH_TEST_ID = {"hopper": "hopper", "portable": "portable", "portable-tiled": "tiled"}
 PYTHON = "python3"
 SITE = "/tmp/site"
 DEFAULT_BUDGET = 570.0  # the device allows 600 s per command
 MIN_STEP_S = 20.0
 BENCH_TAIL_S = 60.0  # bench_verify.py: start-up before its clock, the shape in flight at the limit, the table
 MAX_RESULT_FILES = 6  # + run.json + logs.tar.gz = the 8 files $OUT brings back
-KERNEL_NAME_RE = {"hopper": "hopper_kernel", "portable": "verify_attention_kernel"}
+KERNEL_NAME_RE = {"hopper": "hopper_kernel", "portable": "verify_ws_kernel", "portable-tiled": "verify_attention_kernel"}
 NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
                 "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SourceCounters")
 # step name -> (default budget in seconds, per kernel path?); None: shares what is left (bench)
@@ -145,10 +150,10 @@ def parse_steps(words: list) -> list:
 
 def parse_paths(text: str) -> list:
     if text == "both":
-        return list(KERNEL_PATHS)
+        return list(DEFAULT_PATHS)
     paths = [p for p in text.split(",") if p]
     if not paths or any(p not in KERNEL_PATHS for p in paths) or len(set(paths)) != len(paths):
-        raise UsageError(f"kernel paths {text!r}: want hopper, portable, hopper,portable or both")
+        raise UsageError(f"kernel paths {text!r}: want hopper, portable, portable-tiled, a comma list of them, or both (hopper,portable)")
     return paths
 
 
@@ -167,7 +172,7 @@ def _check_step(s: Step) -> None:
         raise UsageError(f"step bench: grid {plain[0]!r} (main, ddtree, customer, quick, or several: main,ddtree)")
     if s.name == "profile":
         if plain[0] not in KERNEL_PATHS:
-            raise UsageError(f"step profile: path {plain[0]!r} (hopper or portable)")
+            raise UsageError(f"step profile: path {plain[0]!r} (hopper, portable or portable-tiled)")
         if not re.fullmatch(r"\d+,\d+,\d+,\d+", plain[1]):
             raise UsageError(f"step profile: shape {plain[1]!r} (B,H,n,L)")
     if s.name == "ab":
@@ -284,7 +289,7 @@ def commands_tests(s: Step, ctx: Context) -> list:
 
 
 def _not_other_paths(p: str) -> str:
-    return " and ".join(f"not {q}" for q in KERNEL_PATHS if q != p)
+    return " and ".join(f"not {PATH_TEST_ID[q]}" for q in KERNEL_PATHS if q != p)
 
 
 def commands_sanitize(s: Step, ctx: Context) -> list:
@@ -313,10 +318,11 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
             # between them), the merge of pieces and (s3) the extra CTAs' walks across row tiles
             Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
                 "-x", *tests, "-k",
-                f"(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments) and {p}")],
+                f"(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments) and "
+                f"{PATH_TEST_ID[p]}")],
                 f"racecheck-slots-{p}.log", share=0.6 / len(paths),  # 160-180 s a path on the H200 (s3)
                 env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
-            Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", p)],
+            Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", PATH_TEST_ID[p])],
                     f"memcheck-{p}.log", share=0.2 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),
         ]
     return out

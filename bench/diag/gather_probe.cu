@@ -36,12 +36,12 @@
 namespace {
 
 using kdtree::cp_async_16;
-using kdtree::hopper::cp_async_mbar_arrive;
-using kdtree::hopper::fence_mbarrier_init;
-using kdtree::hopper::mbar_arrive;
-using kdtree::hopper::mbar_arrive_expect_tx;
-using kdtree::hopper::mbar_init;
-using kdtree::hopper::mbar_wait;
+using kdtree::cp_async_mbar_arrive;
+using kdtree::fence_mbarrier_init;
+using kdtree::mbar_arrive;
+using kdtree::mbar_arrive_expect_tx;
+using kdtree::mbar_init;
+using kdtree::mbar_wait;
 using kdtree::hopper::swizzled;
 
 constexpr int kKeys = 64, kAtoms = 9, kRowBytes = 1152, kAtomBytes = 8192, kStageBytes = kAtoms * kAtomBytes;

@@ -31,9 +31,12 @@ REQUIRED_SYMBOLS = (
 # Kernel configurations (`config` in the structs below). PORTABLE is what sm_120 runs and what the
 # H200 tests select, so the path the first customer runs is the path we test.
 # Id 1 (KDTREE_CONFIG_RESERVED_1) was the rejected rows32 variant: reserved so that ids never move.
+# PORTABLE runs the warp-specialised tiling where the library has its arch-specific code, the tiled one
+# elsewhere; PORTABLE_TILED (added within ABI 2) always the tiled one.
 CONFIG_PORTABLE = 0
 CONFIG_HOPPER = 2  # wgmma, sm_90a only (H100/H200)
-CONFIG_NAMES = {CONFIG_PORTABLE: "portable", CONFIG_HOPPER: "hopper"}
+CONFIG_PORTABLE_TILED = 3
+CONFIG_NAMES = {CONFIG_PORTABLE: "portable", CONFIG_HOPPER: "hopper", CONFIG_PORTABLE_TILED: "portable-tiled"}
 CONFIG_IDS = {name: cid for cid, name in CONFIG_NAMES.items()}
 
 # Head geometry of absorbed MLA: K row = 512 latent + 64 rope; V = the first 512 columns.

@@ -167,14 +167,14 @@ _resolved: dict[tuple[int, str], int] = {}
 
 
 def selected_kernel(device_index: int | None = None) -> str:
-    """The kernel path verify_attention runs on this GPU: "hopper" or "portable"."""
+    """The kernel path verify_attention runs on this GPU: "hopper", "portable" or "portable-tiled"."""
     if device_index is None:
         device_index = torch.cuda.current_device()
     return abi.CONFIG_NAMES[_kernel_config(_cdll(), device_index)]
 
 
 def _kernel_config(lib, device_index: int) -> int:
-    """KDTREE_KERNEL (auto | portable | hopper) resolved for one GPU, cached."""
+    """KDTREE_KERNEL (auto | portable | hopper | portable-tiled) resolved for one GPU, cached."""
     try:
         choice = read_kernel_choice()
     except KdtreeModeError as e:

@@ -47,12 +47,16 @@ DEV = "cuda"
 # ------------------------------------------------------------------------------------------
 # fixtures and helpers
 # ------------------------------------------------------------------------------------------
-KERNEL_PATHS = ("portable", "hopper")
+KERNEL_PATHS = ("portable", "hopper", "portable-tiled")
+# Test ids name the path by a word no other path's contains (bench/device/run.py selects with -k).
+PATH_IDS = {"portable": "portable", "hopper": "hopper", "portable-tiled": "tiled"}
 
 
-@pytest.fixture(scope="module", params=KERNEL_PATHS)
+@pytest.fixture(scope="module", params=KERNEL_PATHS, ids=[PATH_IDS[p] for p in KERNEL_PATHS])
 def kernel_path(request):
-    """Every test runs on both kernel paths where the GPU has them (KDTREE_KERNEL forces one)."""
+    """Every test runs on every kernel path the GPU has (KDTREE_KERNEL forces one): portable (the
+    warp-specialised tiling on compute capability 9.0, 10.0 and 12.0), hopper (9.0 only) and
+    portable-tiled (what every other GPU runs: tested here by name)."""
     if request.param == "hopper" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Hopper (wgmma) kernel runs on compute capability 9.0 only")
     old = os.environ.get("KDTREE_KERNEL")
@@ -494,6 +498,20 @@ def test_probe_reports_the_q_path(ops, kernel_path):
     if kernel_path != "hopper":
         pytest.skip("the Q tensor map belongs to the Hopper kernel")
     assert "Q by TMA" in ops.probe_device(torch.cuda.current_device())
+
+
+def test_probe_names_the_portable_tiling(ops, kernel_path):
+    """The portable path runs the warp-specialised kernel exactly where the library carries its
+    arch-specific code (compute capability 9.0, 10.0, 12.0), the tiled one elsewhere; the probe says
+    which, so an operator sees it in `doctor` and the startup log."""
+    if kernel_path != "portable":
+        pytest.skip("one check per GPU")
+    cap = torch.cuda.get_device_capability()
+    msg = ops.probe_device(torch.cuda.current_device())
+    if cap in ((9, 0), (10, 0), (12, 0)):
+        assert "runs the warp-specialised kernel" in msg and f"binary sm_{cap[0]}{cap[1]}a" in msg, msg
+    else:
+        assert "runs the tiled kernel" in msg and "no usable image" in msg, msg
 
 
 @pytest.mark.parametrize("where", ["ptr", "stride"])
