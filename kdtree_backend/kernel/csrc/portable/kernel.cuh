@@ -22,6 +22,7 @@
 #include "../common/request.cuh"
 #include "../kdtree_api.h"
 #include "mma.cuh"
+#include "softmax.cuh"
 #include "traits.cuh"
 
 namespace kdtree {
@@ -237,18 +238,7 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
       st.o[f][3] *= alpha[1];
     }
   }
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const float base = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
-    float sum = 0.f;
-#pragma unroll
-    for (int f = 0; f < NT; ++f) {
-      s[f][2 * rr] = exp2f(s[f][2 * rr] - base);
-      s[f][2 * rr + 1] = exp2f(s[f][2 * rr + 1] - base);
-      sum += s[f][2 * rr] + s[f][2 * rr + 1];
-    }
-    st.l[rr] += sum;
-  }
+  exponentiate_scores(s, st);
 
   // P to bf16 A fragments: the C layout of two adjacent n8 tiles is the A layout of one k16 step.
   uint32_t pa[Cfg::kBN / 16][4];

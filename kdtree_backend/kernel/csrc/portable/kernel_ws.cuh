@@ -29,6 +29,7 @@
 #include "../common/request.cuh"
 #include "../kdtree_api.h"
 #include "mma.cuh"
+#include "softmax.cuh"
 #include "traits.cuh"
 
 namespace kdtree {
@@ -264,18 +265,7 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
       st.m[rr] = m_new;
     }
     const bool any_move = __any_sync(0xffffffffu, move[0] || move[1]);
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const float mb = st.m[rr] == -CUDART_INF_F ? 0.f : st.m[rr];
-      float sum = 0.f;
-#pragma unroll
-      for (int f = 0; f < NT; ++f) {
-        s[f][2 * rr] = exp2f(s[f][2 * rr] - mb);
-        s[f][2 * rr + 1] = exp2f(s[f][2 * rr + 1] - mb);
-        sum += s[f][2 * rr] + s[f][2 * rr + 1];
-      }
-      st.l[rr] += sum;
-    }
+    exponentiate_scores(s, st);
 
     // Hand P and the factors over: wait until the PV warps are done with this parity's buffer.
     if (i >= 2) named_barrier(kPFree0 + pp, WsConfig::kThreads);
