@@ -204,23 +204,10 @@ __device__ __forceinline__ void process_tile(WarpState<Cfg>& st, uint32_t tile_b
     }
   }
 
-  // Online softmax (fp32, exp2) with a lazily moved reference max: m only moves when a row's
-  // max exceeds it by more than kRescaleThreshold (log2 units), so p <= 2^threshold (exact in the
-  // math, fine in bf16/fp32) and the O rescale below runs on few tiles. A row with nothing
-  // visible so far keeps m = -inf and l = 0.
-  constexpr float kRescaleThreshold = 8.f;
+  // Online softmax (fp32, exp2) with a lazily moved reference max (softmax.cuh).
   float m_new[2];
   bool move[2];
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float mx = -CUDART_INF_F;
-#pragma unroll
-    for (int f = 0; f < NT; ++f) mx = fmaxf(mx, fmaxf(s[f][2 * rr], s[f][2 * rr + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    move[rr] = mx > st.m[rr] + kRescaleThreshold;  // also true the first time a row sees a key
-    m_new[rr] = move[rr] ? mx : st.m[rr];
-  }
+  moved_reference_max(s, st, move, m_new);
   // Warp-uniform: the two warps of a row-group pair hold identical scores, so they agree too.
   if (__any_sync(0xffffffffu, move[0] || move[1])) {
     float alpha[2];

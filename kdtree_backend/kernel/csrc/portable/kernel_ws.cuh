@@ -248,21 +248,14 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
     }
 
     // Online softmax with the lazily moved reference max (as the shipped kernel, kernel.cuh).
-    constexpr float kRescaleThreshold = 8.f;
-    float alpha[2];
+    float alpha[2], m_new[2];
     bool move[2];
+    moved_reference_max(s, st, move, m_new);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      float mx = -CUDART_INF_F;
-#pragma unroll
-      for (int f = 0; f < NT; ++f) mx = fmaxf(mx, fmaxf(s[f][2 * rr], s[f][2 * rr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      move[rr] = mx > st.m[rr] + kRescaleThreshold;
-      const float m_new = move[rr] ? mx : st.m[rr];
-      alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new) : 1.f;  // m = -inf -> 0 (l and O are 0)
+      alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new[rr]) : 1.f;  // m = -inf -> 0 (l and O are 0)
       st.l[rr] *= alpha[rr];
-      st.m[rr] = m_new;
+      st.m[rr] = m_new[rr];
     }
     const bool any_move = __any_sync(0xffffffffu, move[0] || move[1]);
     exponentiate_scores(s, st);
