@@ -27,6 +27,20 @@ inline int report(int code, char* err, size_t err_len, const char* fmt, ...) {
   return code;
 }
 
+// The calling thread's current device, as a KdtreeStatus with the reason in err.
+inline int current_device(int& device, char* err, size_t err_len) {
+  const cudaError_t e = cudaGetDevice(&device);
+  return e == cudaSuccess ? KDTREE_OK
+                          : report(KDTREE_ERR_CUDA, err, err_len, "cudaGetDevice failed: %s", cudaGetErrorString(e));
+}
+
+// The grid of every verify launch (both portable tilings and the Hopper kernel): a launch of one
+// request, the 2-D grid (row tiles, parts); a batch, row tiles x parts main CTAs (row tile fastest)
+// and the extra CTAs of the wave's idle SMs (s3), in one dimension (common/schedule.cuh).
+inline dim3 verify_grid(const KdtreeVerifyParams& p, int row_tiles, int extra) {
+  return p.batch == 1 ? dim3(row_tiles, p.num_splits) : dim3(row_tiles * p.num_splits + extra);
+}
+
 // Every instantiation one launcher may launch, the dynamic shared memory they take, and how its
 // messages name them. `Kernel` is the kernels' function-pointer type.
 template <class Kernel, int N>
@@ -45,9 +59,9 @@ class KernelFamily {
   // extra (s3: the remainder CTAs of a batch launch, from the device's SM count as the plan had it).
   int prepare(const KdtreeVerifyParams& p, int rows_per_tile, int& row_tiles, int& extra, char* err, size_t err_len) {
     int device = 0;
-    cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) return report(KDTREE_ERR_CUDA, err, err_len, "cudaGetDevice failed: %s", cudaGetErrorString(e));
-    int rc = ensure_smem_attribute(device, err, err_len);
+    int rc = current_device(device, err, err_len);
+    if (rc != KDTREE_OK) return rc;
+    rc = ensure_smem_attribute(device, err, err_len);
     if (rc != KDTREE_OK) return rc;
     int sms = 0;
     rc = device_sms(device, sms, err, err_len);

@@ -104,10 +104,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   int row_tiles = 0, extra = 0;
   int rc = g_kernels.prepare(p, HopperConfig::kM, row_tiles, extra, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  // A launch of one request: the 2-D grid (row tiles, parts); a batch: row tiles x parts main CTAs
-  // (row tile fastest) and the extra CTAs of the wave's idle SMs (s3), in one dimension
-  // (common/schedule.cuh).
-  const dim3 grid = p.batch == 1 ? dim3(row_tiles, p.num_splits) : dim3(row_tiles * p.num_splits + extra);
+  const dim3 grid = verify_grid(p, row_tiles, extra);
   CUtensorMap q_map;
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;

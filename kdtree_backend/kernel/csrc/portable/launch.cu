@@ -23,12 +23,6 @@ using Kernel = void (*)(KdtreeVerifyParams);
 const Kernel kKernels[] = {verify_attention_kernel<Cfg, true>, verify_attention_kernel<Cfg, false>};
 KernelFamily<Kernel, 2> g_kernels("the portable verify kernel (tiled)", "", kSmemBytes, kKernels);
 
-int current_device(int& device, char* err, size_t err_len) {
-  const cudaError_t e = cudaGetDevice(&device);
-  return e == cudaSuccess ? KDTREE_OK
-                          : report(KDTREE_ERR_CUDA, err, err_len, "cudaGetDevice failed: %s", cudaGetErrorString(e));
-}
-
 }  // namespace
 
 static_assert(kRowsPerTile == Cfg::kM, "portable/launch.h and the kernel disagree on the row tile");
@@ -51,10 +45,7 @@ int launch(const KdtreeVerifyParams& p, bool tiled_only, cudaStream_t stream, ch
   int row_tiles = 0, extra = 0;
   int rc = g_kernels.prepare(p, Cfg::kM, row_tiles, extra, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  // A launch of one request: the 2-D grid (row tiles, parts); a batch: row tiles x parts main CTAs
-  // (row tile fastest) and the extra CTAs of the wave's idle SMs (s3), in one dimension
-  // (common/schedule.cuh).
-  const dim3 grid = p.batch == 1 ? dim3(row_tiles, p.num_splits) : dim3(row_tiles * p.num_splits + extra);
+  const dim3 grid = verify_grid(p, row_tiles, extra);
   kKernels[p.batch == 1 ? 0 : 1]<<<grid, Cfg::kThreads, kSmemBytes, stream>>>(p);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;

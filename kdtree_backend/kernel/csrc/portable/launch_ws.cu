@@ -62,8 +62,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   int row_tiles = 0, extra = 0;
   int rc = g_kernels.prepare(p, WsConfig::kM, row_tiles, extra, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  // The same grid as the tiled kernel's (portable/launch.cu): one plan for both tilings.
-  const dim3 grid = p.batch == 1 ? dim3(row_tiles, p.num_splits) : dim3(row_tiles * p.num_splits + extra);
+  const dim3 grid = verify_grid(p, row_tiles, extra);  // one plan and one grid for both tilings
   kKernels[p.batch == 1 ? 0 : 1]<<<grid, WsConfig::kThreads, WsLayout::kBytes, stream>>>(p);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;
