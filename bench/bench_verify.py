@@ -77,6 +77,7 @@ LARGE_BL = 256 * 1024  # "large shapes": B*L >= 256k
 CHECK_TOL = 2e-2  # relative error vs float64 at or above which a shape's result is an error
 DEVICE = "cuda"  # the CPU dry-run test points this at "cpu" with fake CUDA timers
 MMA_PEAK_SOURCE = ROOT / "bench" / "diag" / "mma_peak.cu"
+MMA_PEAK_HEADER = ROOT / "bench" / "diag" / "mma_operands.cuh"
 
 
 # ------------------------------------------------------------------------------------------
@@ -620,7 +621,8 @@ def mma_peak_library(capability) -> pathlib.Path:
     from kdtree_backend.kernel.build import find_nvcc
 
     arch = f"{capability[0]}{capability[1]}"
-    digest = hashlib.sha256(MMA_PEAK_SOURCE.read_bytes()).hexdigest()[:12]
+    # The source and the header it includes (bench/diag/mma_operands.cuh) name the cached build.
+    digest = hashlib.sha256(MMA_PEAK_SOURCE.read_bytes() + MMA_PEAK_HEADER.read_bytes()).hexdigest()[:12]
     out = pathlib.Path(tempfile.gettempdir()) / f"kdtree-mma-peak-{digest}-sm{arch}.so"
     if out.exists():
         return out

@@ -11,6 +11,8 @@
 //   /tmp/mma_issue
 #include <cuda_runtime.h>
 
+#include "mma_operands.cuh"
+
 #include <cstdint>
 #include <cstdio>
 
@@ -18,10 +20,7 @@ template <int kChains>
 __global__ void mma_issue_kernel(long long iters, float* out, long long* cycles) {
   const uint32_t seed = threadIdx.x * 2654435761u + blockIdx.x;
   uint32_t a[4], b[2];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) a[i] = 0x3f803f80u ^ ((seed >> i) & 0x00010001u);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) b[i] = 0x3c003c00u ^ ((seed >> (i + 4)) & 0x00010001u);
+  mma_operands(seed, a, b);
   float acc[kChains][4];
 #pragma unroll
   for (int j = 0; j < kChains; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -30,11 +29,7 @@ __global__ void mma_issue_kernel(long long iters, float* out, long long* cycles)
   for (long long it = 0; it < iters; ++it) {
 #pragma unroll
     for (int j = 0; j < kChains; ++j) {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-          "{%0,%1,%2,%3};\n"
-          : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+      mma_16816(acc[j], a, b);
     }
   }
   const long long t1 = clock64();
