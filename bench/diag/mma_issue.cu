@@ -1,12 +1,14 @@
-// How fast ONE warp can issue mma.sync (journal p20): the tensor-pipe rate of an SM sub-partition
+// How fast ONE warp can issue mma.sync (journal m13): the tensor-pipe rate of an SM sub-partition
 // (scheduler) as a function of the warps it runs and the independent accumulator chains each warp
 // has. The warp-specialised portable kernel runs one QK warp and two PV warps a scheduler; its QK
 // warp issues 144 mma a tile at one per ~16 cycles (ncu, B32 H8 n64 L8k), far below the pipe's
 // rate: is that the warp's own issue limit, its chains' latency, or its other work?
 //
 // One CTA of 4 * W warps per SM (W warps a scheduler), kChains independent m16n8k16 bf16 chains a
-// warp, operands in registers; each chain's result is stored on its own (a sum would let ptxas fuse
-// chains). Reports TFLOP/s over all SMs and cycles per mma per warp and per scheduler.
+// warp, operands in registers; each chain's result is stored on its own (every chain stays live and
+// no reduction follows the loop). Reports TFLOP/s over all SMs (the number to read) and cycles per mma per warp from each
+// warp's clock64 span (the per-scheduler column divides it by W, which flatters W > 1 when the warps'
+// spans do not overlap fully).
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90,code=sm_90 bench/diag/mma_issue.cu -o /tmp/mma_issue
 //   /tmp/mma_issue
 #include <cuda_runtime.h>
@@ -55,6 +57,8 @@ void run(int sms, int warps_per_sched, float* out, long long* cycles) {
   cudaEventSynchronize(e1);
   float ms = 0.f;
   cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
   const int nw = sms * threads / 32;
   long long* h = new long long[nw];
   cudaMemcpy(h, cycles, nw * sizeof(long long), cudaMemcpyDeviceToHost);
@@ -62,7 +66,7 @@ void run(int sms, int warps_per_sched, float* out, long long* cycles) {
   for (int i = 0; i < nw; ++i) mean += static_cast<double>(h[i]) / nw;
   delete[] h;
   const double mmas_per_warp = static_cast<double>(iters) * kChains;
-  const double flops = 2.0 * 16 * 8 * 16 * mmas_per_warp * nw;
+  const double flops = kFlopsPerMma16816 * mmas_per_warp * nw;
   printf("warps/scheduler %d  chains %d  %7.1f TFLOP/s  %6.2f cycles/mma/warp  %6.2f cycles/mma/scheduler\n",
          warps_per_sched, kChains, flops / (ms * 1e-3) / 1e12, mean / mmas_per_warp,
          mean / mmas_per_warp / warps_per_sched);

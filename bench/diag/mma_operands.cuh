@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+constexpr double kFlopsPerMma16816 = 2.0 * 16 * 8 * 16;  // one m16n8k16 mma: 2 * M * N * K
+
 // Operands differ per thread (nothing folds to a constant); bf16 ~1.0 times ~2^-7.
 __device__ __forceinline__ void mma_operands(uint32_t seed, uint32_t (&a)[4], uint32_t (&b)[2]) {
 #pragma unroll

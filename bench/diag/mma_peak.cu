@@ -27,7 +27,6 @@ namespace {
 constexpr int kAcc = 8;             // independent m16n8 accumulators per warp
 constexpr int kWarpsPerBlock = 8;
 constexpr int kBlocksPerSm = 2;
-constexpr double kFlopsPerMma = 2.0 * 16 * 8 * 16;
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) mma_peak_kernel(long long iters, float* out) {
   const uint32_t seed = threadIdx.x * 2654435761u + blockIdx.x;
@@ -94,7 +93,7 @@ int mma_peak(double min_ms, int repeats, double* tflops, double* median_ms, long
   if (rc != 0) return rc;
   std::sort(runs.begin(), runs.end());
   const double med = runs[runs.size() / 2];
-  const double flops = kFlopsPerMma * kAcc * static_cast<double>(iters) * blocks * kWarpsPerBlock;
+  const double flops = kFlopsPerMma16816 * kAcc * static_cast<double>(iters) * blocks * kWarpsPerBlock;
   *tflops = flops / (med * 1e-3) / 1e12;
   *median_ms = med;
   *iters_out = iters;
