@@ -282,9 +282,11 @@ def commands_tests(s: Step, ctx: Context) -> list:
     runs each on both), so `-k "not <the other path>"` keeps this path's and every test that names
     no path; KDTREE_KERNEL=path sends the SGLang backend tests through it."""
     paths = ctx.paths(s.plain()[0])  # (a CPU test module that fails to import must not stop the GPU tests)
+    # Two tests steps with different libraries (lib=...) keep their own logs.
+    tag = f"-{Path(s.option('lib')).stem}" if s.option("lib") else ""
     return [Command(f"GPU tests, {p} path", _pytest("-m", "gpu", "--continue-on-collection-errors", "tests/", "-k",
-                                                    _not_other_paths(p), f"--junitxml={ctx.work}/junit-{p}.xml"),
-                    f"tests-{p}.log", share=1 / len(paths), env={"KDTREE_KERNEL": p}, echo=TEST_SUMMARY)
+                                                    _not_other_paths(p), f"--junitxml={ctx.work}/junit-{p}{tag}.xml"),
+                    f"tests-{p}{tag}.log", share=1 / len(paths), env={"KDTREE_KERNEL": p}, echo=TEST_SUMMARY)
             for p in paths]
 
 
