@@ -38,6 +38,16 @@ def test_no_spills_on_sm120_and_sm100_and_every_kernel_reported(report):
     assert all(r.spill_loads == r.spill_stores == r.stack_bytes == 0 for r in strict)
 
 
+def test_a_dropped_setmaxnreg_fails_the_check(report):
+    """ptxas reports a setmaxnreg it ignores only as "info" (C7506): the check must refuse it."""
+    assert "C7506" not in report.ptxas_log
+    line = ("ptxas info    : (C7506) Potential Performance Loss: 'setmaxnreg' ignored to maintain "
+            "compatibility into 'extern' call.")
+    bad = build.BuildReport(report.path, report.archs, report.command, report.resources,
+                            report.ptxas_log + line + "\n", report.ptx_arch)
+    assert bad.problems() == [f"ptxas ignored setmaxnreg: {line}"]
+
+
 def test_build_without_ptx_embeds_none_and_reports_zero(tmp_path):
     rep = build.build(tmp_path / abi.LIB_FILENAME, archs=(120,), ptx=False, check=True)
     assert rep.ptx_arch == 0 and not any("code=compute_" in a for a in rep.command)
