@@ -357,7 +357,8 @@ def commands_modes(s: Step, ctx: Context, out_name: str) -> list:
 
 def commands_profile(s: Step, ctx: Context) -> list:
     path, shape = s.plain()[:2]
-    tag = f"{path}-{shape.replace(',', '_')}"
+    # Profiles of one shape with different libraries (lib=...) in one call keep their own files.
+    tag = f"{path}-{shape.replace(',', '_')}" + (f"-{Path(s.option('lib')).stem}" if s.option("lib") else "")
     rep = ctx.work / f"prof-{tag}"
     name_re = s.option("name") or KERNEL_NAME_RE[path]
     sections = [a for sec in NCU_SECTIONS for a in ("--section", sec)]
