@@ -282,12 +282,17 @@ def commands_tests(s: Step, ctx: Context) -> list:
     runs each on both), so `-k "not <the other path>"` keeps this path's and every test that names
     no path; KDTREE_KERNEL=path sends the SGLang backend tests through it."""
     paths = ctx.paths(s.plain()[0])  # (a CPU test module that fails to import must not stop the GPU tests)
-    # Two tests steps with different libraries (lib=...) keep their own logs.
-    tag = f"-{Path(s.option('lib')).stem}" if s.option("lib") else ""
+    tag = _lib_tag(s)
     return [Command(f"GPU tests, {p} path", _pytest("-m", "gpu", "--continue-on-collection-errors", "tests/", "-k",
                                                     _not_other_paths(p), f"--junitxml={ctx.work}/junit-{p}{tag}.xml"),
                     f"tests-{p}{tag}.log", share=1 / len(paths), env={"KDTREE_KERNEL": p}, echo=TEST_SUMMARY)
             for p in paths]
+
+
+def _lib_tag(s: Step) -> str:
+    """'-<library stem>' for a step given lib=..., else '': two tests or profile steps with different
+    libraries in one call keep their own logs and reports."""
+    return f"-{Path(s.option('lib')).stem}" if s.option("lib") else ""
 
 
 def _not_other_paths(p: str) -> str:
@@ -357,8 +362,7 @@ def commands_modes(s: Step, ctx: Context, out_name: str) -> list:
 
 def commands_profile(s: Step, ctx: Context) -> list:
     path, shape = s.plain()[:2]
-    # Profiles of one shape with different libraries (lib=...) in one call keep their own files.
-    tag = f"{path}-{shape.replace(',', '_')}" + (f"-{Path(s.option('lib')).stem}" if s.option("lib") else "")
+    tag = f"{path}-{shape.replace(',', '_')}{_lib_tag(s)}"
     rep = ctx.work / f"prof-{tag}"
     name_re = s.option("name") or KERNEL_NAME_RE[path]
     sections = [a for sec in NCU_SECTIONS for a in ("--section", sec)]
