@@ -20,20 +20,13 @@
 
 template <int kChains>
 __global__ void mma_issue_kernel(long long iters, float* out, long long* cycles) {
-  const uint32_t seed = threadIdx.x * 2654435761u + blockIdx.x;
   uint32_t a[4], b[2];
-  mma_operands(seed, a, b);
+  mma_operands(a, b);
   float acc[kChains][4];
-#pragma unroll
-  for (int j = 0; j < kChains; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  zero_chains(acc);
   __syncthreads();
   const long long t0 = clock64();
-  for (long long it = 0; it < iters; ++it) {
-#pragma unroll
-    for (int j = 0; j < kChains; ++j) {
-      mma_16816(acc[j], a, b);
-    }
-  }
+  mma_chains(acc, a, b, iters);
   const long long t1 = clock64();
   float* o = out + (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) * kChains * 4;
 #pragma unroll

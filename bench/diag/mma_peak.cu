@@ -29,18 +29,11 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kBlocksPerSm = 2;
 
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) mma_peak_kernel(long long iters, float* out) {
-  const uint32_t seed = threadIdx.x * 2654435761u + blockIdx.x;
   uint32_t a[4], b[2];
-  mma_operands(seed, a, b);
+  mma_operands(a, b);
   float acc[kAcc][4];
-#pragma unroll
-  for (int j = 0; j < kAcc; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  for (long long it = 0; it < iters; ++it) {
-#pragma unroll
-    for (int j = 0; j < kAcc; ++j) {
-      mma_16816(acc[j], a, b);
-    }
-  }
+  zero_chains(acc);
+  mma_chains(acc, a, b, iters);
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < kAcc; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
