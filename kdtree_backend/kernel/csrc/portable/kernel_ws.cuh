@@ -253,12 +253,12 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
     moved_reference_max(s, st, move, m_new);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      alpha[rr] = move[rr] ? exp2f(st.m[rr] - m_new[rr]) : 1.f;  // m = -inf -> 0 (l and O are 0)
+      alpha[rr] = move[rr] ? fast_exp2(st.m[rr] - m_new[rr]) : 1.f;  // m = -inf -> 0 (l and O are 0)
       st.l[rr] *= alpha[rr];
       st.m[rr] = m_new[rr];
     }
     const bool any_move = __any_sync(0xffffffffu, move[0] || move[1]);
-    exponentiate_scores(s, st);
+    exponentiate_scores<NT, QkState, true>(s, st);  // ex2.approx (p22)
 
     // Hand P and the factors over: wait until the PV warps are done with this parity's buffer.
     if (i >= 2) named_barrier(kPFree0 + pp, WsConfig::kThreads);

@@ -3,6 +3,8 @@
 #pragma once
 #include <math_constants.h>
 
+#include "../common/ptx.cuh"
+
 namespace kdtree {
 
 // The rows' reference max, lazily moved: m only moves when a row's max exceeds it by more than
@@ -28,7 +30,9 @@ __device__ __forceinline__ void moved_reference_max(const float (&s)[NT][4], con
 // exp2(s - m) against the rows' reference maxima (0 for a row that has seen no key yet: its scores
 // are all -inf); their sums are added to l. `st`: anything with float m[2], l[2].
 
-template <int NT, class RowState>
+// kApproxExp2: one ex2.approx.ftz a score (common/ptx.cuh fast_exp2) instead of exp2f's range fix-up
+// (the warp-specialised kernel, journal p22; the tiled kernel keeps exp2f, h7).
+template <int NT, class RowState, bool kApproxExp2 = false>
 __device__ __forceinline__ void exponentiate_scores(float (&s)[NT][4], RowState& st) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -36,8 +40,8 @@ __device__ __forceinline__ void exponentiate_scores(float (&s)[NT][4], RowState&
     float sum = 0.f;
 #pragma unroll
     for (int f = 0; f < NT; ++f) {
-      s[f][2 * rr] = exp2f(s[f][2 * rr] - base);
-      s[f][2 * rr + 1] = exp2f(s[f][2 * rr + 1] - base);
+      s[f][2 * rr] = kApproxExp2 ? fast_exp2(s[f][2 * rr] - base) : exp2f(s[f][2 * rr] - base);
+      s[f][2 * rr + 1] = kApproxExp2 ? fast_exp2(s[f][2 * rr + 1] - base) : exp2f(s[f][2 * rr + 1] - base);
       sum += s[f][2 * rr] + s[f][2 * rr + 1];
     }
     st.l[rr] += sum;
