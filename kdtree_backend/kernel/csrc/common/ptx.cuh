@@ -52,8 +52,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // 2^x for the softmax: one MUFU.EX2 (flush-to-zero). exp2f adds a range check and two predicated
 // multiplies per call to produce denormal results, which no probability here needs (p = 2^(s - m)
 // with s - m <= 8; anything below 2^-126 of the row max is 0 for the output). -inf -> +0.
-// Used by the Hopper kernel (journal h7: ~1-2% there); the portable kernel keeps exp2f (the
-// asm raised its sm_90 spills and it measured slower).
+// Used by the Hopper kernel (journal h7: ~1-2% there) and the warp-specialised portable kernel
+// (p22: 0.994-0.996x); the tiled portable kernel keeps exp2f (there it raised the sm_90 spills and
+// measured slower).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
