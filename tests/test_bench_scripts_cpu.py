@@ -410,7 +410,8 @@ def test_p14_register_probe_shows_the_role_budgets(tmp_path):
     assert spill_bytes("sm_120a", 192, 152) > 0
 
 
-@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("call_series.py", "--gap-ms"),
+@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("ws_timeline.py", "--calls"),
+                                           ("call_series.py", "--gap-ms"),
                                            ("kernel_times.py", "--calls"), ("smoke.py", "--profile-shape")])
 def test_diagnostic_scripts_get_through_their_imports(script, option):
     """bench/diag/*.py import the op and smoke.py's batch builder at start-up; their --help must come
@@ -437,3 +438,27 @@ def test_driver_keeps_ab_libraries_between_calls_and_out_of_the_logs(tmp_path):
         names = set(tar.getnames())
     assert "lib_s2.so" not in names and "run.json" in names
 
+
+
+def test_ws_timeline_intervals_from_a_known_schedule():
+    """bench/diag/ws_timeline.py's arithmetic on a synthetic record: every tile's events at fixed
+    offsets from a 1,000-cycle period, so each interval is known; tiles past a CTA's stamped ones
+    (zeros) and CTAs with few tiles are left out."""
+    wt = _load("bench/diag/ws_timeline.py", "ws_timeline_under_test")
+    period, tiles = 1000, 20
+    # kQkKFull, Scores, Softmax, PFree, PFull, kPvPFull, MmaIssued, Stage, Refill: cycles after tile i's start
+    offs = [0, 400, 550, 560, 600, 650, 900, 950, 990]
+    buf = [0] * (wt.CTAS * wt.TILES * wt.EVENTS)
+    for c, n in ((0, tiles), (1, tiles), (2, 5)):  # CTA 2 stamped too few tiles to count
+        for t in range(n):
+            for k, o in enumerate(offs):
+                if k == wt.PV_REFILL and t >= n - 2:
+                    continue  # the segment's last two tiles have no refill
+                buf[(c * wt.TILES + t) * wt.EVENTS + k] = 10_000 * (c + 1) + t * period + o
+    res = wt.summarise(buf)
+    assert res["ctas"] == 2
+    want = {"period": period, "qk.k_wait": period - 600, "qk.mma": 400, "qk.softmax": 150, "qk.p_free_wait": 10,
+            "qk.handoff": 40, "pv.p_wait": period - 340, "pv.mma": 250, "pv.stage_wait": 50, "pv.refill": 40,
+            "refill_to_k": 2 * period - 990, "p_to_pv": 50}
+    assert {k: res[k]["median"] for k in want} == want
+    assert res["period"]["n"] == 2 * (tiles - 4)

@@ -344,10 +344,33 @@ def test_profiler_build_exports_its_reader_and_the_release_build_does_not(report
     diag = build.build(tmp_path / abi.LIB_FILENAME, archs=(90,), profiler=True)
     assert "-DKDTREE_PROFILER" in diag.command
     assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_timeline_copy")
+    assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_tile_stamps_copy")  # common/tile_stamps.cuh
     hopper = [r for r in diag.resources if "verify_attention_hopper" in r.kernel]
     assert len(hopper) == 4 and all(r.spill_stores == r.spill_loads == 0 for r in hopper)
     assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_timeline_copy")
+    assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_tile_stamps_copy")
     assert "-DKDTREE_PROFILER" not in report.command
+
+
+def test_tile_stamp_record_is_what_bench_ws_timeline_reads():
+    """The per-tile stamp record of the warp-specialised kernel (common/tile_stamps.cuh: CTAs, tiles and
+    events, the events' order) is the contract with bench/diag/ws_timeline.py's indices."""
+    import re
+    from pathlib import Path
+
+    header = (build.CSRC_DIR / "common" / "tile_stamps.cuh").read_text()
+    dims = [int(re.search(rf"{k} = (\d+);", header).group(1)) for k in ("kTileStampCtas", "kTileStampTiles",
+                                                                        "kTileEvents")]
+    events = re.findall(r"^  k(\w+) = (\d+),", header, re.M)
+    assert [int(v) for _, v in events] == list(range(dims[2]))
+    reader = (Path(build.PACKAGE_DIR).parent / "bench" / "diag" / "ws_timeline.py").read_text()
+    m = re.search(r"^CTAS, TILES, EVENTS = (\d+), (\d+), (\d+)", reader, re.M)
+    assert m and [int(g) for g in m.groups()] == dims
+    names = re.search(r"^(QK_KFULL, .*) = range\(EVENTS\)", reader, re.M).group(1).replace(" ", "").split(",")
+    assert [n.replace("_", "").lower() for n in names] == [k.lower() for k, _ in events], (names, events)
+    text = (build.CSRC_DIR / "portable" / "kernel_ws.cuh").read_text()
+    for k, _ in events:  # every event is stamped by the kernel
+        assert f"k{k})" in text, k
 
 
 def test_profiler_record_layout_is_what_bench_timeline_reads():
