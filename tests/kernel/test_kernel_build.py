@@ -313,11 +313,13 @@ def test_release_sources_have_no_experiment_switches():
     """The release kernels carry no A/B compile switches (they were removed: issue 22): the only
     preprocessor conditionals in csrc/ are the product variant (KDTREE_WITH_HOPPER), arch guards
     (__CUDA_ARCH__, __CUDA_ARCH_FEAT_SM<n>_ALL), the C header's __cplusplus, the build-provided strings of the C API, and the
-    diagnostics build's one header (common/profiler.cuh)."""
+    diagnostics build's two headers (common/profiler.cuh: the Hopper kernel's CTA milestones, defined in its translation
+    unit; common/tile_stamps.cuh: the warp-specialised kernel's per-tile stamps, defined in that one)."""
     import re
 
     allowed = {"KDTREE_WITH_HOPPER", "__CUDA_ARCH__", "__cplusplus"}
-    per_file = {"kdtree_api.cu": {"KDTREE_BUILT_ARCHS", "KDTREE_PTX_ARCH", "KDTREE_LIBRARY_VERSION"}, "common/profiler.cuh": {"KDTREE_PROFILER"}}
+    per_file = {"kdtree_api.cu": {"KDTREE_BUILT_ARCHS", "KDTREE_PTX_ARCH", "KDTREE_LIBRARY_VERSION"}, "common/profiler.cuh": {"KDTREE_PROFILER"},
+                "common/tile_stamps.cuh": {"KDTREE_PROFILER"}}
     found = {}
     for path in build.source_files():
         rel = path.relative_to(build.CSRC_DIR).as_posix()
