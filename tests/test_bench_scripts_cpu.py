@@ -410,7 +410,7 @@ def test_p14_register_probe_shows_the_role_budgets(tmp_path):
     assert spill_bytes("sm_120a", 192, 152) > 0
 
 
-@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("ws_timeline.py", "--calls"),
+@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("tile_timeline.py", "--calls"),
                                            ("call_series.py", "--gap-ms"),
                                            ("kernel_times.py", "--calls"), ("smoke.py", "--profile-shape")])
 def test_diagnostic_scripts_get_through_their_imports(script, option):
@@ -440,25 +440,45 @@ def test_driver_keeps_ab_libraries_between_calls_and_out_of_the_logs(tmp_path):
 
 
 
-def test_ws_timeline_intervals_from_a_known_schedule():
-    """bench/diag/ws_timeline.py's arithmetic on a synthetic record: every tile's events at fixed
-    offsets from a 1,000-cycle period, so each interval is known; tiles past a CTA's stamped ones
-    (zeros) and CTAs with few tiles are left out."""
-    wt = _load("bench/diag/ws_timeline.py", "ws_timeline_under_test")
-    period, tiles = 1000, 20
-    # kQkKFull, Scores, Softmax, PFree, PFull, kPvPFull, MmaIssued, Stage, Refill: cycles after tile i's start
-    offs = [0, 400, 550, 560, 600, 650, 900, 950, 990]
-    buf = [0] * (wt.CTAS * wt.TILES * wt.EVENTS)
-    for c, n in ((0, tiles), (1, tiles), (2, 5)):  # CTA 2 stamped too few tiles to count
+def _tile_record(tt, offs, ctas, refill_events):
+    """A synthetic stamp buffer: every tile's events at fixed offsets from a 1,000-cycle period; the
+    refill events only while two more tiles follow (as the kernels stamp them)."""
+    buf = [0] * (tt.CTAS * tt.RECORD)
+    for c, n in ctas:
+        buf[c * tt.RECORD] = n
         for t in range(n):
             for k, o in enumerate(offs):
-                if k == wt.PV_REFILL and t >= n - 2:
-                    continue  # the segment's last two tiles have no refill
-                buf[(c * wt.TILES + t) * wt.EVENTS + k] = 10_000 * (c + 1) + t * period + o
-    res = wt.summarise(buf)
+                if k in refill_events and t >= n - 2:
+                    continue
+                buf[c * tt.RECORD + 1 + t * tt.EVENTS + k] = 10_000 * (c + 1) + t * 1000 + o
+    return buf
+
+
+def test_tile_timeline_intervals_from_a_known_schedule():
+    """bench/diag/tile_timeline.py's arithmetic on synthetic records of both kernels, so each interval
+    is known; CTAs with few tiles are left out, and a record's stale tiles past its segment's tile
+    count (an earlier, longer segment's) are not read."""
+    tt = _load("bench/diag/tile_timeline.py", "tile_timeline_under_test")
+    period, tiles = 1000, 20
+    # portable: kQkKFull, Scores, Softmax, PFree, PFull, kPvPFull, MmaIssued, Stage, Refill
+    offs = [0, 400, 550, 560, 600, 650, 900, 950, 990]
+    buf = _tile_record(tt, offs, ((0, tiles), (1, tiles), (2, 5)), (tt.PV_STAGE, tt.PV_REFILL))
+    for t in range(tiles, tiles + 6):  # CTA 1: an earlier segment's stamps past this one's 20 tiles
+        for k in range(9):
+            buf[tt.RECORD + 1 + t * tt.EVENTS + k] = 7
+    res = tt.summarise(buf, "portable")
     assert res["ctas"] == 2
     want = {"period": period, "qk.k_wait": period - 600, "qk.mma": 400, "qk.softmax": 150, "qk.p_free_wait": 10,
             "qk.handoff": 40, "pv.p_wait": period - 340, "pv.mma": 250, "pv.stage_wait": 50, "pv.refill": 40,
             "refill_to_k": 2 * period - 990, "p_to_pv": 50}
     assert {k: res[k]["median"] for k in want} == want
     assert res["period"]["n"] == 2 * (tiles - 4)
+    # Hopper: kWg0KFull, Scores, Softmax, PFree, PFull, PvDone, kWg1PFull, PvDone, Empty, Refill
+    offs = [0, 300, 500, 520, 560, 700, 580, 800, 820, 980]
+    buf = _tile_record(tt, offs, ((0, tiles), (3, 6)), (tt.WG1_EMPTY, tt.WG1_REFILL))
+    res = tt.summarise(buf, "hopper")
+    assert res["ctas"] == 1
+    want = {"period": period, "wg0.k_wait": period - 700, "wg0.qk": 300, "wg0.softmax": 200, "wg0.p_free_wait": 20,
+            "wg0.share": 40, "wg0.pv": 140, "wg1.p_wait": period - 400, "wg1.pv": 220, "wg1.empty_wait": 20,
+            "wg1.refill": 160, "refill_to_k": 2 * period - 980, "p_to_wg1": 20}
+    assert {k: res[k]["median"] for k in want} == want

@@ -347,32 +347,45 @@ def test_profiler_build_exports_its_reader_and_the_release_build_does_not(report
     assert "-DKDTREE_PROFILER" in diag.command
     assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_timeline_copy")
     assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_tile_stamps_copy")  # common/tile_stamps.cuh
+    assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_hopper_tile_stamps_copy")
     hopper = [r for r in diag.resources if "verify_attention_hopper" in r.kernel]
     assert len(hopper) == 4 and all(r.spill_stores == r.spill_loads == 0 for r in hopper)
     assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_timeline_copy")
     assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_tile_stamps_copy")
+    assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_hopper_tile_stamps_copy")
     assert "-DKDTREE_PROFILER" not in report.command
 
 
-def test_tile_stamp_record_is_what_bench_ws_timeline_reads():
-    """The per-tile stamp record of the warp-specialised kernel (common/tile_stamps.cuh: CTAs, tiles and
-    events, the events' order) is the contract with bench/diag/ws_timeline.py's indices."""
+def test_tile_stamp_record_is_what_bench_tile_timeline_reads():
+    """The per-tile stamp record (common/tile_stamps.cuh: CTAs, tiles, events, the record's header slot,
+    both kernels' event orders) is the contract with bench/diag/tile_timeline.py's indices, and every
+    event is stamped by its kernel."""
     import re
     from pathlib import Path
 
     header = (build.CSRC_DIR / "common" / "tile_stamps.cuh").read_text()
     dims = [int(re.search(rf"{k} = (\d+);", header).group(1)) for k in ("kTileStampCtas", "kTileStampTiles",
                                                                         "kTileEvents")]
-    events = re.findall(r"^  k(\w+) = (\d+),", header, re.M)
-    assert [int(v) for _, v in events] == list(range(dims[2]))
-    reader = (Path(build.PACKAGE_DIR).parent / "bench" / "diag" / "ws_timeline.py").read_text()
+    assert "kTileRecord = 1 + kTileStampTiles * kTileEvents;" in header
+    reader = (Path(build.PACKAGE_DIR).parent / "bench" / "diag" / "tile_timeline.py").read_text()
     m = re.search(r"^CTAS, TILES, EVENTS = (\d+), (\d+), (\d+)", reader, re.M)
     assert m and [int(g) for g in m.groups()] == dims
-    names = re.search(r"^(QK_KFULL, .*) = range\(EVENTS\)", reader, re.M).group(1).replace(" ", "").split(",")
-    assert [n.replace("_", "").lower() for n in names] == [k.lower() for k, _ in events], (names, events)
-    text = (build.CSRC_DIR / "portable" / "kernel_ws.cuh").read_text()
-    for k, _ in events:  # every event is stamped by the kernel
-        assert f"k{k})" in text, k
+    assert re.search(r"^RECORD = 1 \+ TILES \* EVENTS$", reader, re.M)
+    for enum, first, source in (("TileEvent", "QK_KFULL", "portable/kernel_ws.cuh"),
+                                ("HopperTileEvent", "WG0_KFULL", "hopper/kernel.cuh")):
+        body = re.search(rf"enum class {enum} : int {{(.*?)}};", header, re.S).group(1)
+        events = re.findall(r"^  k(\w+) = (\d+),", body, re.M)
+        assert [int(v) for _, v in events] == list(range(len(events))) and len(events) <= dims[2], enum
+        names = re.search(rf"^({first}, [^=]*?) = \\?\s*range\(", reader, re.M | re.S).group(1)
+        names = [x.strip() for x in names.replace("\\", "").split(",")]
+        assert [x.replace("_", "").lower() for x in names] == [k.lower() for k, _ in events], (names, events)
+        text = (build.CSRC_DIR / source).read_text()
+        for k, _ in events:  # every event is stamped by its kernel
+            assert f"{enum}::k{k})" in text, (enum, k)
+    for tu, name in (("portable/launch_ws.cu", "kdtree_tile_stamps_copy"),
+                     ("hopper/launch.cu", "kdtree_hopper_tile_stamps_copy")):
+        assert f"KDTREE_TILE_STAMPS_READER({name})" in (build.CSRC_DIR / tu).read_text()
+        assert f'"{name}"' in reader
 
 
 def test_profiler_record_layout_is_what_bench_timeline_reads():

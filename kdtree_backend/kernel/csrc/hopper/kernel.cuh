@@ -33,6 +33,7 @@
 #include "../common/profiler.cuh"
 #include "../common/ptx.cuh"
 #include "../common/request.cuh"
+#include "../common/tile_stamps.cuh"
 #include "../kdtree_api.h"
 #include "async_copy.cuh"
 #include "epilogue.cuh"
@@ -63,6 +64,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
   const KeyTiles& w = cw.w;
   const int rows = cw.rows, t_begin = cw.t_begin, t_end = cw.t_end;
   const int num_tiles = t_end - t_begin;
+  KDTREE_TILE_SEGMENT(tid == 0, num_tiles);
 
   const uint32_t smem = smem_addr(g_hopper_smem);
   if ((smem & 1023) != 0) __trap();  // the swizzle pattern is tied to 1024-byte-aligned atoms
@@ -142,9 +144,11 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);
       if (i == 0) KDTREE_MILESTONE(Milestone::kTileLoopBegin);
       fence_proxy_async();
+      KDTREE_TILE_STAMP(tid == 0, i, HopperTileEvent::kWg0KFull);
 
       float s[32];
       qk_tile(s, sQ, stage);  // S = Q K^T
+      KDTREE_TILE_STAMP(tid == 0, i, HopperTileEvent::kWg0Scores);
 
       const bool is_prefix = t < w.prefix_tiles;
       const int key_base = is_prefix ? t * Cfg::kBN : (t - w.prefix_tiles) * Cfg::kBN;
@@ -174,14 +178,18 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
       const float inv_ps = kFold && is_prefix ? inv_vs : 1.f;  // the row sum keeps sum(P') / ps (kFold)
       st.l[0] += sum[0] * inv_ps;
       st.l[1] += sum[1] * inv_ps;
+      KDTREE_TILE_STAMP(tid == 0, i, HopperTileEvent::kWg0Softmax);
 
       if (i > 0) named_barrier(NamedBarrier::kPFree, 256);  // the helper is done with P and alpha of tile t-1
+      KDTREE_TILE_STAMP(tid == 0, i, HopperTileEvent::kWg0PFree);
       share_p(g_hopper_smem + SmemLayout::kP, s_alpha, pa, alpha, row_in_tile0, lane);
       fence_proxy_async();
       named_arrive(NamedBarrier::kPFull, 256);
+      KDTREE_TILE_STAMP(tid == 0, i, HopperTileEvent::kWg0PFull);
       pv_issue_wg0(o, pa, desc_v, 4 - kSteps, 4);
       wgmma_wait<0>();
       wgmma_fence_operand(o);
+      KDTREE_TILE_STAMP(tid == 0, i, HopperTileEvent::kWg0PvDone);
       if (i + 2 < num_tiles) mbar_arrive(bar_empty + 8 * (i & 1));  // the helper may refill this stage
     }
     KDTREE_MILESTONE(Milestone::kTileLoopEnd);
@@ -208,18 +216,22 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
       mbar_wait(bar_full + 8 * (i & 1), (i >> 1) & 1);  // already complete: WG0 waited first
       named_barrier(NamedBarrier::kPFull, 256);
       fence_proxy_async();
+      KDTREE_TILE_STAMP(tid == 128, i, HopperTileEvent::kWg1PFull);
       const float alpha[2] = {s_alpha[row_in_tile0], s_alpha[row_in_tile0 + 8]};
       // Only when a row of this warp moved its max, as WG0 does (h15): 128 FMULs a tile fewer on the
       // schedulers WG0's softmax issues on.
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale(o, alpha);
       pv_tile_wg1(o, sP, stage);
+      KDTREE_TILE_STAMP(tid == 128, i, HopperTileEvent::kWg1PvDone);
       if (i + 1 < num_tiles) named_arrive(NamedBarrier::kPFree, 256);  // WG0 may write P of tile t+1
       if (i + 2 < num_tiles) {
         // Refill this stage with tile t+2 once WG0's PV of tile t is done too. WG0 cannot arrive
         // on this stage's empty barrier again before tile t+2 has landed: phases never run ahead.
         mbar_wait(bar_empty + 8 * (i & 1), (i >> 1) & 1);
+        KDTREE_TILE_STAMP(tid == 128, i, HopperTileEvent::kWg1Empty);
         gather.issue_tile(t_begin + i + 2, slots);
         gather.fetch_slots(t_begin + i + 3, slots);
+        KDTREE_TILE_STAMP(tid == 128, i, HopperTileEvent::kWg1Refill);
       }
     }
     named_barrier(NamedBarrier::kFinal, 256);

@@ -14,6 +14,10 @@
 #include "kernel.cuh"
 #include "launch.h"
 
+// The diagnostics build's per-tile stamps of the Hopper kernel (common/tile_stamps.cuh; nothing in a
+// release build).
+KDTREE_TILE_STAMPS_READER(kdtree_hopper_tile_stamps_copy)
+
 namespace kdtree {
 namespace hopper {
 namespace {

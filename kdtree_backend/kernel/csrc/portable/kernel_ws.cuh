@@ -184,6 +184,7 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
   __syncthreads();  // Q read: the stage area becomes the K pipeline
 
   const int T = cw.t_end - cw.t_begin;
+  KDTREE_TILE_SEGMENT(tid == 0, T);
   const int prefix = cw.req.prefix, n = cw.req.n, prefix_tiles = cw.w.prefix_tiles;
   const uint32_t rope = base + WsLayout::kQRope + (g * 16 + (lane & 15)) * WsConfig::kRopeRowBytes + (lane >> 4) * 16;
   const uint32_t lo_qk = row_offset((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
@@ -197,7 +198,7 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
     const int pp = i & 1;
     const uint32_t tile_base = base + (i & 1) * WsConfig::kTileBytes;
     mbar_wait(k_full_bar(i & 1), (i >> 1) & 1);
-    KDTREE_TILE_STAMP(first && g == 0, i, kQkKFull);
+    KDTREE_TILE_STAMP(g == 0, i, TileEvent::kQkKFull);
 
     float s[NT][4];
 #pragma unroll
@@ -260,13 +261,13 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
       st.m[rr] = m_new[rr];
     }
     const bool any_move = __any_sync(0xffffffffu, move[0] || move[1]);
-    KDTREE_TILE_STAMP(first && g == 0, i, kQkScores);
+    KDTREE_TILE_STAMP(g == 0, i, TileEvent::kQkScores);
     exponentiate_scores<NT, QkState, true>(s, st);  // ex2.approx (p22)
-    KDTREE_TILE_STAMP(first && g == 0, i, kQkSoftmax);
+    KDTREE_TILE_STAMP(g == 0, i, TileEvent::kQkSoftmax);
 
     // Hand P and the factors over: wait until the PV warps are done with this parity's buffer.
     if (i >= 2) named_barrier(kPFree0 + pp, WsConfig::kThreads);
-    KDTREE_TILE_STAMP(first && g == 0, i, kQkPFree);
+    KDTREE_TILE_STAMP(g == 0, i, TileEvent::kQkPFree);
     const float ps = is_prefix ? p.v_scale : 1.f;
     const uint32_t pb = base + WsLayout::kPBuf + pp * (WsConfig::kM * WsConfig::kPRowBytes);
 #pragma unroll
@@ -289,7 +290,7 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
                    : "memory");
     }
     named_arrive(kPFull0 + pp, WsConfig::kThreads);
-    KDTREE_TILE_STAMP(first && g == 0, i, kQkPFull);
+    KDTREE_TILE_STAMP(g == 0, i, TileEvent::kQkPFull);
   }
 
   // The rows' final max and sum for the PV warps' epilogue.
@@ -388,7 +389,7 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
     const int pp = i & 1;
     const uint32_t tile_base = base + (i & 1) * WsConfig::kTileBytes;
     named_barrier(kPFull0 + pp, WsConfig::kThreads);  // P and the factors of tile i
-    KDTREE_TILE_STAMP(first && c == 0, i, kPvPFull);
+    KDTREE_TILE_STAMP(c == 0, i, TileEvent::kPvPFull);
     mbar_wait(k_full_bar(i & 1), (i >> 1) & 1);        // tile i landed (complete already: the QK warps waited)
     if (ld_shared_s32(base + WsLayout::kMoved + pp * 4) != 0) {
 #pragma unroll
@@ -421,18 +422,18 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
         }
       }
     }
-    KDTREE_TILE_STAMP(first && c == 0, i, kPvMmaIssued);
+    KDTREE_TILE_STAMP(c == 0, i, TileEvent::kPvMmaIssued);
     if (i + 2 < T) {
       named_arrive(kPFree0 + pp, WsConfig::kThreads);  // this parity's P buffer is free again
       // Every PV warp is done with stage i & 1 (the QK warps were, before P full): refill it with
       // tile i + 2, whose ids landed with tile i + 1 (its barrier's phase).
       named_barrier(kPvStage, WsConfig::kPvThreads);
-      KDTREE_TILE_STAMP(first && c == 0, i, kPvStage);
+      KDTREE_TILE_STAMP(c == 0, i, TileEvent::kPvStage);
       mbar_wait(k_full_bar((i + 1) & 1), ((i + 1) >> 1) & 1);
       issue(t_begin + i + 2);
       stage_ids(t_begin + i + 3);
       cp_async_mbar_arrive(k_full_bar(i & 1));
-      KDTREE_TILE_STAMP(first && c == 0, i, kPvRefill);
+      KDTREE_TILE_STAMP(c == 0, i, TileEvent::kPvRefill);
     }
   }
   cp_async_commit();

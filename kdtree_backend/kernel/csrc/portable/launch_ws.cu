@@ -17,6 +17,9 @@
 #error "portable/launch_ws.cu builds for sm_90a, sm_100a and sm_120a only (setmaxnreg); see build.py"
 #endif
 
+// The diagnostics build's per-tile stamps of this kernel (common/tile_stamps.cuh; nothing in a release build).
+KDTREE_TILE_STAMPS_READER(kdtree_tile_stamps_copy)
+
 namespace kdtree {
 namespace portable {
 namespace ws {
