@@ -71,6 +71,9 @@ def test_driver_groups_words_into_steps(drv):
     (["ab"], "NAME=LIB"),
     (["ab", "default=/tmp/x.so"], "not default"),
     (["setup:soon"], "seconds"),
+    (["stamps", "portable-tiled", "8,8,65,8192"], "portable or hopper"),
+    (["stamps", "hopper"], "stamps PATH SHAPE"),
+    (["stamps", "portable", "8x8"], "B,H,n,L"),
     (["bench", "main", "both"] * 4 + ["modes", "ab", "x=/tmp/x.so", "bench", "quick", "hopper"], "result files"),
 ])
 def test_driver_refuses_bad_command_lines(drv, words, match):
@@ -164,6 +167,22 @@ def test_driver_dry_run_of_profile_and_ab(drv, capsys):
     assert "KDTREE_LIB=/tmp/prev.so python3 bench/diag/smoke.py" in out
     assert "KDTREE_LIB=/tmp/kdtree-device/lib_base.so python3 bench/diag/smoke.py" in out
     assert "(driver) A/B summary" in out
+
+
+def test_driver_dry_run_of_stamps(drv, capsys):
+    """The stamps step: a --profiler build of this GPU's arch (of the tree, or of another checkout given
+    with from=), then bench/diag/tile_timeline.py a shape with that library and the path."""
+    out = _dry(drv, capsys, "stamps", "portable", "32,8,64,8192", "8,8,8,8192", "from=.ab-p27", "stamps", "hopper",
+               "8,8,65,8192")
+    assert (f"(cd {ROOT}/.ab-p27) PYTHONPATH={ROOT}/.ab-p27:" in out
+            and "-m kdtree_backend.build --profiler --arch 90 --no-ptx --out /tmp/kdtree-device/lib_stamps_.ab-p27.so" in out)
+    assert ("KDTREE_KERNEL=portable KDTREE_LIB=/tmp/kdtree-device/lib_stamps_.ab-p27.so python3 "
+            "bench/diag/tile_timeline.py 32,8,64,8192 --json /tmp/kdtree-device/stamps-portable-.ab-p27-32_8_64_8192.json") in out
+    assert "bench/diag/tile_timeline.py 8,8,8,8192" in out
+    assert f"(cd {ROOT}) " in out and "--out /tmp/kdtree-device/lib_stamps_tree.so" in out
+    assert "KDTREE_KERNEL=hopper KDTREE_LIB=/tmp/kdtree-device/lib_stamps_tree.so python3 bench/diag/tile_timeline.py 8,8,65,8192" in out
+    out = _dry(drv, capsys, "stamps", "portable", "8,8,65,8192", capability="12.0")
+    assert "--profiler --arch 120 --no-ptx" in out
 
 
 def test_driver_ab_summary(drv, tmp_path):

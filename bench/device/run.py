@@ -27,6 +27,11 @@ A step name starts a step and the words after it, up to the next step name, are 
                                holding another checkout (built into WORK/lib_NAME.so, which later
                                calls keep while the machine stays warm); geometric-mean time ratio
                                per variant and path
+  stamps PATH SHAPE ... [from=DIR]
+                               per-tile stamps (bench/diag/tile_timeline.py) of the warp-specialised
+                               portable kernel or the Hopper kernel: this checkout's (or DIR's, another
+                               checkout) --profiler library for this GPU's arch, then one process a
+                               B,H,n,L shape; each shape's table is echoed, its JSON kept in the logs
 
 PATHS is hopper, portable, hopper,portable (or both); hopper is dropped on a GPU that is not
 compute capability 9.0. Any step takes `lib=FILE` (KDTREE_LIB for its commands); profile takes
@@ -76,7 +81,9 @@ NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWork
                 "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SourceCounters")
 # step name -> (default budget in seconds, per kernel path?); None: shares what is left (bench)
 DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": (300.0, True), "bench": (None, False),
-                   "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False)}
+                   "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False), "stamps": (120.0, False)}
+# the kernel paths whose tile loops stamp their hand-offs (csrc/common/tile_stamps.cuh)
+STAMP_PATHS = ("portable", "hopper")
 STEPS = tuple(DEFAULT_BUDGETS)
 TEST_SUMMARY = r"^(FAILED|ERROR)\b|\d+ (passed|failed|deselected)|no tests ran"
 
@@ -114,7 +121,7 @@ class Step:
 
     def plain(self) -> list:
         """The arguments that are not `key=value` options of the driver."""
-        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes)=", a)]
+        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes|from)=", a)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -159,10 +166,10 @@ def parse_paths(text: str) -> list:
 
 def _check_step(s: Step) -> None:
     plain = s.plain()
-    need = {"tests": 1, "sanitize": 1, "bench": 2, "profile": 2}.get(s.name, 0)
+    need = {"tests": 1, "sanitize": 1, "bench": 2, "profile": 2, "stamps": 2}.get(s.name, 0)
     if len(plain) < need:
         usage = {"tests": "tests PATHS", "sanitize": "sanitize PATHS", "bench": "bench GRID PATHS [OPT ...]",
-                 "profile": "profile PATH SHAPE"}[s.name]
+                 "profile": "profile PATH SHAPE", "stamps": "stamps PATH SHAPE ... [from=DIR]"}[s.name]
         raise UsageError(f"step {s.name}: want `{usage}`, got {s.args}")
     if s.name in ("tests", "sanitize", "bench"):
         parse_paths(plain[1] if s.name == "bench" else plain[0])
@@ -175,6 +182,12 @@ def _check_step(s: Step) -> None:
             raise UsageError(f"step profile: path {plain[0]!r} (hopper, portable or portable-tiled)")
         if not re.fullmatch(r"\d+,\d+,\d+,\d+", plain[1]):
             raise UsageError(f"step profile: shape {plain[1]!r} (B,H,n,L)")
+    if s.name == "stamps":
+        if plain[0] not in STAMP_PATHS:
+            raise UsageError(f"step stamps: path {plain[0]!r} (portable or hopper: the kernels that stamp their tiles)")
+        for shape in plain[1:]:
+            if not re.fullmatch(r"\d+,\d+,\d+,\d+", shape):
+                raise UsageError(f"step stamps: shape {shape!r} (B,H,n,L)")
     if s.name == "ab":
         variants = [a for a in plain if "=" in a]
         if not variants or len(variants) != len(plain):
@@ -380,6 +393,26 @@ def commands_profile(s: Step, ctx: Context) -> list:
     ]
 
 
+def commands_stamps(s: Step, ctx: Context) -> list:
+    path, shapes = s.plain()[0], s.plain()[1:]
+    src = s.option("from")
+    checkout = (Path(src) if Path(src).is_absolute() else ROOT / src) if src else ROOT
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(src).name) if src else "tree"
+    lib = ctx.work / f"lib_stamps_{tag}.so"
+    arch = ctx.capability().replace(".", "")
+    cmds = [Command(f"--profiler build of {src or 'this checkout'}",
+                    [PYTHON, "-m", "kdtree_backend.build", "--profiler", "--arch", arch, "--no-ptx", "--out", str(lib)],
+                    f"stamps-build-{tag}.log", share=0.4, cwd=str(checkout),
+                    env={"PYTHONPATH": f"{checkout}:{SITE}:{ROOT}/.whl/placeholder"}, echo=r"built|error")]
+    for shape in shapes:
+        name = f"stamps-{path}-{tag}-{shape.replace(',', '_')}"
+        cmds.append(Command(f"stamps {path} {shape}", [PYTHON, "bench/diag/tile_timeline.py", shape, "--json",
+                                                       str(ctx.work / f"{name}.json")],
+                            f"{name}.log", share=0.6 / len(shapes), env={"KDTREE_LIB": str(lib), "KDTREE_KERNEL": path},
+                            echo=r".", echo_last=16))
+    return cmds
+
+
 def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
     paths = ctx.paths(s.option("paths") or "hopper")
     shapes = ["--shapes", s.option("shapes")] if s.option("shapes") else []
@@ -440,7 +473,7 @@ def step_commands(s: Step, steps: list, ctx: Context, budget: float) -> list:
         cmds = {"modes": commands_modes, "ab": commands_ab}[s.name](s, ctx, result_file(s, steps))
     else:
         cmds = {"setup": commands_setup, "tests": commands_tests, "sanitize": commands_sanitize,
-                "profile": commands_profile}[s.name](s, ctx)
+                "profile": commands_profile, "stamps": commands_stamps}[s.name](s, ctx)
     lib = s.option("lib")
     if lib:
         lib = lib if Path(lib).is_absolute() else str(ROOT / lib)
