@@ -164,6 +164,11 @@ def parse_paths(text: str) -> list:
     return paths
 
 
+def _check_shape(step: str, shape: str) -> None:
+    if not re.fullmatch(r"\d+,\d+,\d+,\d+", shape):
+        raise UsageError(f"step {step}: shape {shape!r} (B,H,n,L)")
+
+
 def _check_step(s: Step) -> None:
     plain = s.plain()
     need = {"tests": 1, "sanitize": 1, "bench": 2, "profile": 2, "stamps": 2}.get(s.name, 0)
@@ -180,14 +185,12 @@ def _check_step(s: Step) -> None:
     if s.name == "profile":
         if plain[0] not in KERNEL_PATHS:
             raise UsageError(f"step profile: path {plain[0]!r} (hopper, portable or portable-tiled)")
-        if not re.fullmatch(r"\d+,\d+,\d+,\d+", plain[1]):
-            raise UsageError(f"step profile: shape {plain[1]!r} (B,H,n,L)")
+        _check_shape("profile", plain[1])
     if s.name == "stamps":
         if plain[0] not in STAMP_PATHS:
             raise UsageError(f"step stamps: path {plain[0]!r} (portable or hopper: the kernels that stamp their tiles)")
         for shape in plain[1:]:
-            if not re.fullmatch(r"\d+,\d+,\d+,\d+", shape):
-                raise UsageError(f"step stamps: shape {shape!r} (B,H,n,L)")
+            _check_shape("stamps", shape)
     if s.name == "ab":
         variants = [a for a in plain if "=" in a]
         if not variants or len(variants) != len(plain):
@@ -393,6 +396,14 @@ def commands_profile(s: Step, ctx: Context) -> list:
     ]
 
 
+def _build_in(checkout: Path, lib: Path, label: str, log: str, share: float, *flags: str) -> Command:
+    """The kernel library of another checkout (its own sources and Python package first on the path)
+    built into `lib` (ab's variants, the stamps step's --profiler library)."""
+    return Command(label, [PYTHON, "-m", "kdtree_backend.build", *flags, "--out", str(lib)], log, share=share,
+                   cwd=str(checkout), env={"PYTHONPATH": f"{checkout}:{SITE}:{ROOT}/.whl/placeholder"},
+                   echo=r"built|error")
+
+
 def commands_stamps(s: Step, ctx: Context) -> list:
     path, shapes = s.plain()[0], s.plain()[1:]
     src = s.option("from")
@@ -400,10 +411,8 @@ def commands_stamps(s: Step, ctx: Context) -> list:
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(src).name) if src else "tree"
     lib = ctx.work / f"lib_stamps_{tag}.so"
     arch = ctx.capability().replace(".", "")
-    cmds = [Command(f"--profiler build of {src or 'this checkout'}",
-                    [PYTHON, "-m", "kdtree_backend.build", "--profiler", "--arch", arch, "--no-ptx", "--out", str(lib)],
-                    f"stamps-build-{tag}.log", share=0.4, cwd=str(checkout),
-                    env={"PYTHONPATH": f"{checkout}:{SITE}:{ROOT}/.whl/placeholder"}, echo=r"built|error")]
+    cmds = [_build_in(checkout, lib, f"--profiler build of {src or 'this checkout'}", f"stamps-build-{tag}.log", 0.4,
+                      "--profiler", "--arch", arch, "--no-ptx")]
     for shape in shapes:
         name = f"stamps-{path}-{tag}-{shape.replace(',', '_')}"
         cmds.append(Command(f"stamps {path} {shape}", [PYTHON, "bench/diag/tile_timeline.py", shape, "--json",
@@ -425,9 +434,7 @@ def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
             continue
         checkout = Path(target) if Path(target).is_absolute() else ROOT / target
         libs[name] = str(lib)
-        cmds.append(Command(f"build {name} from {target}", [PYTHON, "-m", "kdtree_backend.build", "--out", str(lib)],
-                            f"ab-build-{name}.log", share=0.45 / len(variants), cwd=str(checkout),
-                            env={"PYTHONPATH": f"{checkout}:{SITE}:{ROOT}/.whl/placeholder"}, echo=r"built|error"))
+        cmds.append(_build_in(checkout, lib, f"build {name} from {target}", f"ab-build-{name}.log", 0.45 / len(variants)))
     # A build takes 20-32 s on the H200 (the library with four warp-specialised instantiations: 32 s,
     # which 0.3 of a 150 s step did not give it in session 24), a shape list's timings 15-20 s a library.
     timing_share = 0.5 / len(libs)

@@ -314,7 +314,7 @@ def test_release_sources_have_no_experiment_switches():
     preprocessor conditionals in csrc/ are the product variant (KDTREE_WITH_HOPPER), arch guards
     (__CUDA_ARCH__, __CUDA_ARCH_FEAT_SM<n>_ALL), the C header's __cplusplus, the build-provided strings of the C API, and the
     diagnostics build's two headers (common/profiler.cuh: the Hopper kernel's CTA milestones, defined in its translation
-    unit; common/tile_stamps.cuh: the warp-specialised kernel's per-tile stamps, defined in that one)."""
+    unit; common/tile_stamps.cuh: the per-tile stamps, a record in each kernel's translation unit)."""
     import re
 
     allowed = {"KDTREE_WITH_HOPPER", "__CUDA_ARCH__", "__cplusplus"}
