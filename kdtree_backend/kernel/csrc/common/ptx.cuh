@@ -95,6 +95,15 @@ __device__ __forceinline__ void named_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+// %laneid, read where it is used: a volatile read that the compiler cannot hoist out of a loop, so
+// values derived from it are not held in registers across the loop either (p24, p27: the portable
+// kernel's PV role has no registers to spare for the gather's per-lane addresses).
+__device__ __forceinline__ int lane_id_volatile() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+  return lane;
+}
+
 template <bool kIs64>
 __device__ __forceinline__ int64_t load_index(const void* p, int64_t i) {
   if constexpr (kIs64) {
