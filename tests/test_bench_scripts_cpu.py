@@ -479,17 +479,17 @@ def test_tile_timeline_intervals_from_a_known_schedule():
     count (an earlier, longer segment's) are not read."""
     tt = _load("bench/diag/tile_timeline.py", "tile_timeline_under_test")
     period, tiles = 1000, 20
-    # portable: kQkKFull, Scores, Softmax, PFree, PFull, kPvPFull, MmaIssued, Stage, Refill
-    offs = [0, 400, 550, 560, 600, 650, 900, 950, 990]
-    buf = _tile_record(tt, offs, ((0, tiles), (1, tiles), (2, 5)), (tt.PV_STAGE, tt.PV_REFILL))
+    # portable: kQkKFull, Scores, Softmax, PFree, PFull, kPvPFull, MmaIssued, Stage, Refill, Fenced
+    offs = [0, 400, 550, 560, 600, 650, 900, 950, 990, 965]
+    buf = _tile_record(tt, offs, ((0, tiles), (1, tiles), (2, 5)), (tt.PV_STAGE, tt.PV_REFILL, tt.PV_FENCED))
     for t in range(tiles, tiles + 6):  # CTA 1: an earlier segment's stamps past this one's 20 tiles
-        for k in range(9):
+        for k in range(10):
             buf[tt.RECORD + 1 + t * tt.EVENTS + k] = 7
     res = tt.summarise(buf, "portable")
     assert res["ctas"] == 2
     want = {"period": period, "qk.k_wait": period - 600, "qk.mma": 400, "qk.softmax": 150, "qk.p_free_wait": 10,
             "qk.handoff": 40, "pv.p_wait": period - 340, "pv.mma": 250, "pv.stage_wait": 50, "pv.refill": 40,
-            "refill_to_k": 2 * period - 990, "p_to_pv": 50}
+            "pv.refill.ids": 15, "pv.refill.copies": 25, "refill_to_k": 2 * period - 990, "p_to_pv": 50}
     assert {k: res[k]["median"] for k in want} == want
     assert res["period"]["n"] == 2 * (tiles - 4)
     # Hopper: kWg0KFull, Scores, Softmax, PFree, PFull, PvDone, kWg1PFull, PvDone, Empty, Refill

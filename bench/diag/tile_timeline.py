@@ -21,6 +21,8 @@ Portable (QK warp 0, PV warp 0):
   pv.mma            PV warp: P(i) received -> its last P.V mma issued
   pv.stage_wait     PV warp: -> every PV warp done with the stage (the refill barrier)
   pv.refill         PV warp: the refill's copies and arrival issued
+  pv.refill.ids     PV warp: its first part: the slot ids read (their cp.async group waited), the proxy fence
+  pv.refill.copies  PV warp: its second part: the stage barrier armed, the copies issued, tile i + 3's ids requested
   refill_to_k       PV warp 0's refill of tile i + 2 issued -> the QK warp saw K tile i + 2 land
   p_to_pv           QK warp's P(i) arrive -> PV warp 0 past P full(i)
 
@@ -60,7 +62,8 @@ from smoke import shape_batch, verify_attention  # noqa: E402 (smoke puts the ch
 CTAS, TILES, EVENTS = 32, 64, 10
 RECORD = 1 + TILES * EVENTS
 # TileEvent (the warp-specialised portable kernel)
-QK_KFULL, QK_SCORES, QK_SOFTMAX, QK_PFREE, QK_PFULL, PV_PFULL, PV_MMA_ISSUED, PV_STAGE, PV_REFILL = range(9)
+QK_KFULL, QK_SCORES, QK_SOFTMAX, QK_PFREE, QK_PFULL, PV_PFULL, PV_MMA_ISSUED, PV_STAGE, PV_REFILL, PV_FENCED = \
+    range(10)
 # HopperTileEvent
 WG0_KFULL, WG0_SCORES, WG0_SOFTMAX, WG0_PFREE, WG0_PFULL, WG0_PV_DONE, WG1_PFULL, WG1_PV_DONE, WG1_EMPTY, WG1_REFILL = \
     range(10)
@@ -70,7 +73,7 @@ KERNELS = {
         "reader": "kdtree_tile_stamps_copy",
         # events every stamped tile has (the refill's only while two more tiles follow)
         "always": (QK_KFULL, QK_SCORES, QK_SOFTMAX, QK_PFREE, QK_PFULL, PV_PFULL, PV_MMA_ISSUED),
-        "refill": (PV_STAGE, PV_REFILL),
+        "refill": (PV_STAGE, PV_REFILL, PV_FENCED),
         "intervals": (
             ("period", lambda e, i: e[i + 1][QK_KFULL] - e[i][QK_KFULL]),
             ("qk.k_wait", lambda e, i: e[i][QK_KFULL] - e[i - 1][QK_PFULL]),
@@ -82,6 +85,8 @@ KERNELS = {
             ("pv.mma", lambda e, i: e[i][PV_MMA_ISSUED] - e[i][PV_PFULL]),
             ("pv.stage_wait", lambda e, i: e[i][PV_STAGE] - e[i][PV_MMA_ISSUED]),
             ("pv.refill", lambda e, i: e[i][PV_REFILL] - e[i][PV_STAGE]),
+            ("pv.refill.ids", lambda e, i: e[i][PV_FENCED] - e[i][PV_STAGE]),
+            ("pv.refill.copies", lambda e, i: e[i][PV_REFILL] - e[i][PV_FENCED]),
             ("refill_to_k", lambda e, i: e[i + 2][QK_KFULL] - e[i][PV_REFILL]),
             ("p_to_pv", lambda e, i: e[i][PV_PFULL] - e[i][QK_PFULL]),
         ),

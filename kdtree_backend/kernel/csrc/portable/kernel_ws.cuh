@@ -364,7 +364,7 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
     }
     cp_async_commit();
   };
-  auto issue = [&](int tile) {
+  auto issue = [&](int tile, int stamp_tile) {  // stamp_tile: the loop's tile i (-1 in the prologue)
     const int par = (tile - t_begin) & 1;
     const uint32_t stage = base + par * WsConfig::kTileBytes;
     const uint32_t bar = k_full_bar(par);
@@ -392,6 +392,7 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
       __syncwarp();
     }
     fence_proxy_async();  // the stage's earlier reads (generic proxy) before the copy engine's writes
+    KDTREE_TILE_STAMP(c == 0 && stamp_tile >= 0, stamp_tile, TileEvent::kPvFenced);
     if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(4 - __popc(zero_rows)) * kRowBytes);
     __syncwarp();
     if (row_lane() && valid) bulk_copy_g2s_cta(stage + row_offset(my_key(), 0), src, kRowBytes, bar);
@@ -399,8 +400,8 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
 
   // Prologue: tiles 0 and 1 (their ids landed with Q), then tile 2's ids (each lane rewrites only its
   // own entries, after reading them).
-  if (T > 0) issue(t_begin);
-  if (T > 1) issue(t_begin + 1);
+  if (T > 0) issue(t_begin, -1);
+  if (T > 1) issue(t_begin + 1, -1);
   stage_ids(t_begin + 2);
 
   const uint32_t lo_pv = row_offset((lane & 7) + (((lane >> 3) & 1) << 3), c * (WsConfig::kPvCols / 8) + (lane >> 4));
@@ -449,7 +450,7 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
       // tile i + 2 (its ids were staged by the same lanes a refill ago).
       named_barrier(kPvStage, WsConfig::kPvThreads);
       KDTREE_TILE_STAMP(c == 0, i, TileEvent::kPvStage);
-      issue(t_begin + i + 2);
+      issue(t_begin + i + 2, i);
       stage_ids(t_begin + i + 3);
       KDTREE_TILE_STAMP(c == 0, i, TileEvent::kPvRefill);
     }
