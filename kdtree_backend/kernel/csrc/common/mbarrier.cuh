@@ -40,16 +40,10 @@ __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 // One contiguous run global -> shared by the copy engine (16-byte aligned, a multiple of 16 bytes),
-// its bytes completed on `bar` (armed before with mbar_arrive_expect_tx).
+// its bytes completed on `bar` (armed before with mbar_arrive_expect_tx). The CTA-local destination
+// form (PTX 8.6+): with the shared::cluster one, sm_120a's ptxas treats the copy as an extern call and
+// drops the portable kernel's setmaxnreg (C7506; journal p24).
 __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-// The same with a CTA-local destination (PTX 8.6+). The portable kernel needs this form: with the
-// shared::cluster one, sm_120a's ptxas treats the copy as an extern call and drops the kernel's
-// setmaxnreg (C7506; journal p24).
-__device__ __forceinline__ void bulk_copy_g2s_cta(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");

@@ -395,7 +395,7 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
     KDTREE_TILE_STAMP(c == 0 && stamp_tile >= 0, stamp_tile, TileEvent::kPvFenced);
     if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(4 - __popc(zero_rows)) * kRowBytes);
     __syncwarp();
-    if (row_lane() && valid) bulk_copy_g2s_cta(stage + row_offset(my_key(), 0), src, kRowBytes, bar);
+    if (row_lane() && valid) bulk_copy_g2s(stage + row_offset(my_key(), 0), src, kRowBytes, bar);
   };
 
   // Prologue: tiles 0 and 1 (their ids landed with Q), then tile 2's ids (each lane rewrites only its
