@@ -364,7 +364,8 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
     }
     cp_async_commit();
   };
-  auto issue = [&](int tile, int stamp_tile) {  // stamp_tile: the loop's tile i (-1 in the prologue)
+  // loop_tile: the tile loop's i (the refill during PV(i)); -1 for the prologue's two tiles.
+  auto issue = [&](int tile, int loop_tile) {
     const int par = (tile - t_begin) & 1;
     const uint32_t stage = base + par * WsConfig::kTileBytes;
     const uint32_t bar = k_full_bar(par);
@@ -391,8 +392,14 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
       }
       __syncwarp();
     }
-    fence_proxy_async();  // the stage's earlier reads (generic proxy) before the copy engine's writes
-    KDTREE_TILE_STAMP(c == 0 && stamp_tile >= 0, stamp_tile, TileEvent::kPvFenced);
+    // Cross-proxy order (p30). In the loop, the stage's earlier accesses are the QK and PV warps'
+    // ldmatrix reads (generic proxy), ordered before this refill by the P full and refill barriers:
+    // a write-after-read that needs no proxy fence (as CUTLASS's TMA pipelines release a stage by an
+    // mbarrier arrival alone); the fence here was a MEMBAR.ALL.CTA on every PV warp's path to K(i + 2)
+    // (m17). Fenced still: this warp's zero-filled rows (generic writes that a later copy overwrites)
+    // and the prologue, whose stage area held Q's cp.async staging.
+    if (zero_rows != 0 || loop_tile < 0) fence_proxy_async();
+    KDTREE_TILE_STAMP(c == 0 && loop_tile >= 0, loop_tile, TileEvent::kPvFenced);
     if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(4 - __popc(zero_rows)) * kRowBytes);
     __syncwarp();
     if (row_lane() && valid) bulk_copy_g2s(stage + row_offset(my_key(), 0), src, kRowBytes, bar);
