@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""How ptxas scheduled a kernel's mma loops and what each setmaxnreg role got (journal m19).
+
+    python tools/sass_schedule.py --lib kdtree_backend/_lib/libkdtree_verify.so      # a built library
+    python tools/sass_schedule.py --build                                           # build one first
+    python tools/sass_schedule.py --lib LIB --function verify_ws_kernel --arch sm_120a --json out.json
+
+For every kernel whose mangled name contains --function (default: the warp-specialised portable
+kernel) and every arch in the library's SASS (cuobjdump -sass):
+
+  * its `setmaxnreg` regions (the code between USETMAXREG instructions, in program order): the
+    value set, the highest register index the region names, and its local-memory stores / loads
+    (STL / LDL: spills); a role whose highest index stays below the value it asked for did not use
+    what it asked for;
+  * each mma loop (a run of at least --min-hmma HMMA with fewer than 40 other instructions between
+    two HMMA): how many HMMA before its use each HMMA's B operand was loaded by LDSM, as a
+    histogram. A fragment loaded 2 HMMA ahead has ~2 HMMA issue slots to cover an ldmatrix's
+    latency; under a busy MIO queue (m18: ~100-200 cycles) that is what a k-step then waits.
+
+CPU only (cuobjdump from the CUDA toolkit or Triton's wheel). The SASS text is parsed by
+`parse_functions`, `regions` and `ldsm_distances`, which the CPU tests run on a fixed excerpt.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_REG = re.compile(r"\bR(\d+)\b")
+_ARCH = re.compile(r"^arch = (sm_\w+)\s*$")
+_FUNC = re.compile(r"^\s*Function : (\S+)\s*$")
+_GAP = 40  # other instructions allowed between two HMMA of one loop
+
+
+@dataclass
+class Region:
+    first: int  # instruction index (within the function) where the region starts
+    end: int  # one past its last instruction
+    setmaxnreg: str  # the USETMAXREG that opens it ("" for the code before the first one)
+    max_register: int  # highest Rn the region names (-1: none)
+    spill_stores: int  # STL instructions
+    spill_loads: int  # LDL instructions
+
+
+@dataclass
+class MmaLoop:
+    first: int
+    last: int
+    hmma: int
+    ldsm: int
+    distance: dict = field(default_factory=dict)  # HMMA-ahead -> count (B operands loaded by LDSM)
+
+
+@dataclass
+class FunctionReport:
+    arch: str
+    name: str
+    instructions: int
+    regions: list
+    loops: list
+
+
+def parse_functions(sass: str) -> list[tuple[str, str, list[str]]]:
+    """(arch, mangled name, instructions without their trailing ';') for each function in
+    cuobjdump -sass output; a fat binary lists one `arch = sm_XX` header per embedded image."""
+    out: list[tuple[str, str, list[str]]] = []
+    arch, name, instrs = "", None, []
+    for line in sass.splitlines():
+        m = _ARCH.match(line.strip())
+        if m:
+            if name is not None:
+                out.append((arch, name, instrs))
+                name, instrs = None, []
+            arch = m.group(1)
+            continue
+        m = _FUNC.match(line)
+        if m:
+            if name is not None:
+                out.append((arch, name, instrs))
+            name, instrs = m.group(1), []
+            continue
+        if name is not None:
+            m = _INSTR.search(line)
+            if m:
+                instrs.append(m.group(2))
+    if name is not None:
+        out.append((arch, name, instrs))
+    return out
+
+
+def regions(instrs: list[str]) -> list[Region]:
+    """The function cut at every USETMAXREG, in program order."""
+    cuts = [i for i, t in enumerate(instrs) if "USETMAXREG" in t]
+    bounds = [0] + cuts + [len(instrs)]
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        if a == b:
+            continue
+        seg = instrs[a:b]
+        regs = [int(r) for t in seg for r in _REG.findall(t)]
+        out.append(Region(first=a, end=b, setmaxnreg=seg[0].strip() if "USETMAXREG" in seg[0] else "",
+                          max_register=max(regs) if regs else -1,
+                          spill_stores=sum(1 for t in seg if re.search(r"\bSTL\b", t)),
+                          spill_loads=sum(1 for t in seg if re.search(r"\bLDL\b", t))))
+    return out
+
+
+def _hmma_runs(instrs: list[str], min_hmma: int) -> list[tuple[int, int]]:
+    idx = [i for i, t in enumerate(instrs) if "HMMA" in t]
+    runs, start, prev = [], None, None
+    for i in idx:
+        if start is None:
+            start = prev = i
+        elif i - prev > _GAP:
+            runs.append((start, prev))
+            start = i
+        prev = i
+    if start is not None:
+        runs.append((start, prev))
+    return [(a, b) for a, b in runs if sum("HMMA" in instrs[i] for i in range(a, b + 1)) >= min_hmma]
+
+
+def ldsm_distances(instrs: list[str], first: int, last: int, lookback: int = 200) -> collections.Counter:
+    """For each HMMA in [first, last]: how many HMMA earlier the LDSM that wrote its B operand
+    (the third register operand: D, A, B, C) was issued; operands not written by an LDSM seen since
+    `lookback` instructions before the loop are not counted."""
+    written: dict[int, int] = {}  # register -> HMMA count when an LDSM wrote it
+    hmma = 0
+    dist: collections.Counter = collections.Counter()
+    for t in instrs[max(0, first - lookback): last + 1]:
+        if "LDSM" in t:
+            m = re.search(r"LDSM\S*\s+R(\d+)\s*,", t)
+            if m:
+                base = int(m.group(1))
+                for k in range(4):
+                    written[base + k] = hmma
+        elif "HMMA" in t:
+            ops = [int(r) for r in _REG.findall(t)]
+            if len(ops) >= 3 and ops[2] in written:
+                dist[hmma - written[ops[2]]] += 1
+            if ops:  # its accumulator D (4 registers) may reuse a fragment's registers
+                for k in range(4):
+                    written.pop(ops[0] + k, None)
+            hmma += 1
+        else:
+            m = re.match(r"(?:@!?U?P\w+\s+)?\w[\w.]*\s+R(\d+)\s*,", t)
+            if m:  # another instruction overwrote the register: it no longer holds the LDSM's value
+                written.pop(int(m.group(1)), None)
+    return dist
+
+
+def report(sass: str, function: str, archs: set[str] | None, min_hmma: int) -> list[FunctionReport]:
+    out = []
+    for arch, name, instrs in parse_functions(sass):
+        if function not in name or (archs and arch not in archs):
+            continue
+        loops = []
+        for a, b in _hmma_runs(instrs, min_hmma):
+            # count only the loop's own HMMA: the LDSMs before it are looked back at
+            sub = instrs[:b + 1]
+            d = ldsm_distances(sub, a, b)
+            loops.append(MmaLoop(first=a, last=b, hmma=sum("HMMA" in instrs[i] for i in range(a, b + 1)),
+                                 ldsm=sum("LDSM" in instrs[i] for i in range(a, b + 1)),
+                                 distance=dict(sorted(d.items()))))
+        out.append(FunctionReport(arch=arch, name=name, instructions=len(instrs), regions=regions(instrs), loops=loops))
+    return out
+
+
+def _cuobjdump() -> str:
+    sys.path.insert(0, str(REPO_ROOT))
+    try:
+        from kdtree_backend.kernel import build  # noqa: PLC0415
+    finally:
+        sys.path.pop(0)
+    tool = build.find_cuobjdump()
+    if tool is None:
+        raise SystemExit("sass_schedule: cuobjdump not found (CUDA toolkit or the triton wheel)")
+    return tool
+
+
+def _build(out: Path) -> Path:
+    sys.path.insert(0, str(REPO_ROOT))
+    try:
+        from kdtree_backend.kernel import build  # noqa: PLC0415
+    finally:
+        sys.path.pop(0)
+    build.build(out)
+    return out
+
+
+def _summary(r: FunctionReport) -> str:
+    lines = [f"{r.arch}  {r.name}  ({r.instructions} instructions)"]
+    for g in r.regions:
+        what = g.setmaxnreg or "(entry)"
+        lines.append(f"  region [{g.first}, {g.end}) {what}: highest register R{g.max_register}, "
+                     f"STL {g.spill_stores}, LDL {g.spill_loads}")
+    for lp in r.loops:
+        hist = ", ".join(f"{k}:{v}" for k, v in lp.distance.items())
+        lines.append(f"  mma loop [{lp.first}, {lp.last}]: {lp.hmma} HMMA, {lp.ldsm} LDSM; "
+                     f"B loaded n HMMA ahead (n:count) {hist}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--lib", type=Path, help="a built library (.so) or cubin")
+    src.add_argument("--build", action="store_true", help="build this tree's library into a temporary file first")
+    ap.add_argument("--function", default="verify_ws_kernel", help="substring of the mangled kernel name")
+    ap.add_argument("--arch", default="", help="comma-separated archs as cuobjdump names them (sm_120a,sm_90a)")
+    ap.add_argument("--min-hmma", type=int, default=32, help="smallest HMMA run reported as a loop")
+    ap.add_argument("--json", type=Path, help="also write the report as JSON")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="sass-schedule-") as tmp:
+        lib = _build(Path(tmp) / "lib.so") if args.build else args.lib
+        if not lib.is_file():
+            raise SystemExit(f"sass_schedule: {lib}: no such file")
+        proc = subprocess.run([_cuobjdump(), "-sass", str(lib)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"sass_schedule: cuobjdump -sass {lib} failed: {proc.stderr.strip()[:400]}")
+    archs = {a.strip() for a in args.arch.split(",") if a.strip()} or None
+    reports = report(proc.stdout, args.function, archs, args.min_hmma)
+    if not reports:
+        raise SystemExit(f"sass_schedule: no kernel named *{args.function}* for {sorted(archs) if archs else 'any arch'} in {lib}")
+    print("\n\n".join(_summary(r) for r in reports))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in reports], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
