@@ -35,7 +35,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _REG = re.compile(r"\bR(\d+)\b")
-_ARCH = re.compile(r"^arch = (sm_\w+)\s*$")
+_ARCH = re.compile(r"^(?:arch =|code for) (sm_\w+)\s*$")  # a fat binary's header / a cubin's
 _FUNC = re.compile(r"^\s*Function : (\S+)\s*$")
 _GAP = 40  # other instructions allowed between two HMMA of one loop
 
@@ -70,7 +70,8 @@ class FunctionReport:
 
 def parse_functions(sass: str) -> list[tuple[str, str, list[str]]]:
     """(arch, mangled name, instructions without their trailing ';') for each function in
-    cuobjdump -sass output; a fat binary lists one `arch = sm_XX` header per embedded image."""
+    cuobjdump -sass output; a fat binary lists one `arch = sm_XX` header per embedded image, a cubin
+    (and each image of a fat binary) a `code for sm_XX` line."""
     out: list[tuple[str, str, list[str]]] = []
     arch, name, instrs = "", None, []
     for line in sass.splitlines():

@@ -54,6 +54,12 @@ def test_functions_by_arch():
     assert len(fns[0][2]) == 1 + 12 + 3
 
 
+def test_a_cubins_arch_from_its_code_for_line():
+    cubin = "\n\tcode for sm_120a\n\t.target\tsm_120a\n\n" + _fn("_ZN6kdtree16verify_ws_kernelILb1EEEv18KdtreeVerifyParams",
+                                                                   ["MOV R1, c[0x0][0x28]", "EXIT"])
+    assert [(a, len(i)) for a, _, i in sass_schedule.parse_functions(cubin)] == [("sm_120a", 2)]
+
+
 def test_regions_name_the_highest_register_and_spills():
     _, _, instrs = sass_schedule.parse_functions(_sass())[0]
     regs = sass_schedule.regions(instrs)
