@@ -165,9 +165,7 @@ def report(sass: str, function: str, archs: set[str] | None, min_hmma: int) -> l
             continue
         loops = []
         for a, b in _hmma_runs(instrs, min_hmma):
-            # count only the loop's own HMMA: the LDSMs before it are looked back at
-            sub = instrs[:b + 1]
-            d = ldsm_distances(sub, a, b)
+            d = ldsm_distances(instrs, a, b)  # the loop's own HMMA; the LDSMs before it are looked back at
             loops.append(MmaLoop(first=a, last=b, hmma=sum("HMMA" in instrs[i] for i in range(a, b + 1)),
                                  ldsm=sum("LDSM" in instrs[i] for i in range(a, b + 1)),
                                  distance=dict(sorted(d.items()))))
@@ -175,26 +173,14 @@ def report(sass: str, function: str, archs: set[str] | None, min_hmma: int) -> l
     return out
 
 
-def _cuobjdump() -> str:
+def _build_module():
+    """This tree's kdtree_backend.kernel.build (cuobjdump's finder, the library build)."""
     sys.path.insert(0, str(REPO_ROOT))
     try:
         from kdtree_backend.kernel import build  # noqa: PLC0415
     finally:
         sys.path.pop(0)
-    tool = build.find_cuobjdump()
-    if tool is None:
-        raise SystemExit("sass_schedule: cuobjdump not found (CUDA toolkit or the triton wheel)")
-    return tool
-
-
-def _build(out: Path) -> Path:
-    sys.path.insert(0, str(REPO_ROOT))
-    try:
-        from kdtree_backend.kernel import build  # noqa: PLC0415
-    finally:
-        sys.path.pop(0)
-    build.build(out)
-    return out
+    return build
 
 
 def _summary(r: FunctionReport) -> str:
@@ -221,10 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the report as JSON")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="sass-schedule-") as tmp:
-        lib = _build(Path(tmp) / "lib.so") if args.build else args.lib
+        build = _build_module()
+        lib = args.lib
+        if args.build:
+            lib = Path(tmp) / "lib.so"
+            build.build(lib)
         if not lib.is_file():
             raise SystemExit(f"sass_schedule: {lib}: no such file")
-        proc = subprocess.run([_cuobjdump(), "-sass", str(lib)], capture_output=True, text=True)
+        cuobjdump = build.find_cuobjdump()
+        if cuobjdump is None:
+            raise SystemExit("sass_schedule: cuobjdump not found (CUDA toolkit or the triton wheel)")
+        proc = subprocess.run([cuobjdump, "-sass", str(lib)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"sass_schedule: cuobjdump -sass {lib} failed: {proc.stderr.strip()[:400]}")
     archs = {a.strip() for a in args.arch.split(",") if a.strip()} or None

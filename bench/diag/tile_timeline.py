@@ -21,7 +21,7 @@ Portable (QK warp 0, PV warp 0):
   pv.mma            PV warp: P(i) received -> its last P.V mma issued
   pv.stage_wait     PV warp: -> every PV warp done with the stage (the refill barrier)
   pv.refill         PV warp: the refill's copies and arrival issued
-  pv.refill.ids     PV warp: its first part: the slot ids read (their cp.async group waited), the proxy fence
+  pv.refill.ids     PV warp: its first part: the slot ids read (their cp.async group waited); a proxy fence only after zero-filled rows (p30)
   pv.refill.copies  PV warp: its second part: the stage barrier armed, the copies issued, tile i + 3's ids requested
   refill_to_k       PV warp 0's refill of tile i + 2 issued -> the QK warp saw K tile i + 2 land
   p_to_pv           QK warp's P(i) arrive -> PV warp 0 past P full(i)

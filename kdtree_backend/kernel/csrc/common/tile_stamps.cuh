@@ -32,7 +32,7 @@ enum class TileEvent : int {
   kPvMmaIssued = 6,  // PV warp: its last P.V mma of the tile issued
   kPvStage = 7,      // PV warp: every PV warp done with the stage (the refill barrier returned)
   kPvRefill = 8,     // PV warp: tile + 2's copies issued and its arrival on the stage barrier made
-  kPvFenced = 9,     // PV warp: in that refill, the slot ids read (and the proxy fence, where one is needed)
+  kPvFenced = 9,     // PV warp: in that refill, the slot ids read (and a proxy fence after zero-filled rows)
 };
 
 // The Hopper kernel (hopper/kernel.cuh): thread 0 (WG0, math) and thread 128 (WG1, helper).
