@@ -51,6 +51,8 @@ struct WsConfig {
   static constexpr int kPvCols = kVDim / kPvWarps;                  // 64 output columns a PV warp
   static constexpr int kQkRegs = 184;
   static constexpr int kPvRegs = 160;
+  static constexpr int kQkAhead = 2;  // k-steps the QK warp's K fragments are loaded ahead (p33)
+  static constexpr int kQkPin = 3;    // a __syncwarp every kQkPin k-steps keeps ptxas from sinking them (p34)
   static_assert(kStages * kTileBytes >= kM * kSmemRowBytes, "Q is staged in the K stages' space");
   static_assert(kQkWarps * kQkRegs + kPvWarps * kPvRegs <= (kThreads / 32) * 168, "setmaxnreg budget");
 };
@@ -209,8 +211,26 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
     float s[NT][4];
 #pragma unroll
     for (int f = 0; f < NT; ++f) s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
+    // The K fragments are loaded kQkAhead k-steps ahead of their mma (p33, p34): under the ldmatrix
+    // stream of all twelve warps one ldmatrix waits ~100-200 cycles (m18). Left alone, ptxas sinks
+    // them towards their use (sm_120a: 2-3 mma ahead, m19); a __syncwarp every kQkPin k-steps holds
+    // them up: `tools/sass_schedule.py` shows >= 4 mma ahead for ~93% of the loop's mma on sm_120a,
+    // >= 6 for ~90-95% on sm_90a / sm_100a, with no spill on sm_100a / sm_120a (3 and 2 k-steps
+    // ahead or a warp barrier every k-step spill one of them).
+    constexpr int kSteps = WsConfig::kNopeSteps + WsConfig::kRopeSteps;
+    constexpr int kAhead = WsConfig::kQkAhead;
+    uint32_t kb[kAhead + 1][NT / 2][4];
+    auto load_k = [&](int ks, uint32_t (&b)[NT / 2][4]) {
 #pragma unroll
-    for (int ks = 0; ks < WsConfig::kNopeSteps + WsConfig::kRopeSteps; ++ks) {
+      for (int np = 0; np < NT / 2; ++np)
+        ldmatrix_x4(tile_base + lo_qk + ks * 32 + np * 16 * kSmemRowBytes, b[np][0], b[np][1], b[np][2], b[np][3]);
+    };
+#pragma unroll
+    for (int ks = 0; ks < kAhead; ++ks) load_k(ks, kb[ks]);
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      if (ks + kAhead < kSteps) load_k(ks + kAhead, kb[(ks + kAhead) % (kAhead + 1)]);
+      if (ks % WsConfig::kQkPin == 0) __syncwarp();  // ptxas does not move a shared load past it
       uint32_t a[4];
       if (ks < WsConfig::kNopeSteps) {
         a[0] = st.q[ks][0];
@@ -220,12 +240,11 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
       } else {
         ldmatrix_x4(rope + (ks - WsConfig::kNopeSteps) * 32, a[0], a[1], a[2], a[3]);
       }
+      const uint32_t (&b)[NT / 2][4] = kb[ks % (kAhead + 1)];
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(tile_base + lo_qk + ks * 32 + np * 16 * kSmemRowBytes, b0, b1, b2, b3);
-        mma_bf16_16816(s[2 * np], a, b0, b1);
-        mma_bf16_16816(s[2 * np + 1], a, b2, b3);
+        mma_bf16_16816(s[2 * np], a, b[np][0], b[np][1]);
+        mma_bf16_16816(s[2 * np + 1], a, b[np][2], b[np][3]);
       }
     }
 
@@ -508,18 +527,20 @@ template <bool kSingle>
 __global__ void __launch_bounds__(WsConfig::kThreads, 1) verify_ws_kernel(const KdtreeVerifyParams p) {
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + WsLayout::kSched);
   const int tid = threadIdx.x;
-  if (tid < WsConfig::kQkWarps * 32) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
-    bool first = true;
-    walk_part<WsConfig, kSingle>(p, sched, [] {}, [&](const CtaWork& cw) {
-      ws::qk_segment(p, cw, cw.row_tile, tid, first);
-      first = false;
-    });
-  } else {
+  // The PV role's branch comes first (p34): in that order sm_120a's ptxas gives the batch
+  // instantiation's QK role the registers its setmaxnreg asks for (QK first: R165 of 184, m19).
+  if (tid >= WsConfig::kQkWarps * 32) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kPvRegs));
     bool first = true;
     walk_part<WsConfig, kSingle>(p, sched, [] {}, [&](const CtaWork& cw) {
       ws::pv_segment(p, cw, cw.row_tile, tid, first);
+      first = false;
+    });
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
+    bool first = true;
+    walk_part<WsConfig, kSingle>(p, sched, [] {}, [&](const CtaWork& cw) {
+      ws::qk_segment(p, cw, cw.row_tile, tid, first);
       first = false;
     });
   }
