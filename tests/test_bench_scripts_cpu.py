@@ -102,6 +102,51 @@ def test_driver_command_timeouts_pass_unused_time_on(drv):
     assert drv.command_timeout(cmds, 0, 100, 40, 500) == 40  # a late step: the share, at most what is left
 
 
+def test_driver_command_timeouts_hold_each_commands_floor(drv):
+    """A command's measured floor (a library build's ~30 s) wins over a smaller share, and the commands
+    before it leave it that floor."""
+    cmds = [drv.Command("a", ["x"], "a.log", share=0.1), drv.Command("b", ["x"], "b.log", share=0.1, floor_s=30),
+            drv.Command("c", ["x"], "c.log", share=0.8)]
+    assert drv.command_timeout(cmds, 1, 100, 100, 500) == 30  # its floor, though c's share then shrinks
+    assert drv.command_timeout(cmds, 1, 100, 120, 500) == 40
+    assert drv.command_timeout(cmds, 0, 100, 100, 500) == 10  # b's floor (30) and c's share (80) are reserved
+    assert drv.command_timeout(cmds, 1, 50, 200, 500) == 160  # b's floor above its share: 30 at least, plus what c leaves
+
+
+def test_driver_refuses_a_plan_below_its_commands_floors(drv, capsys):
+    """Session 29's first call: `ab:200` with four variant checkouts (four ~30 s builds, five ~22 s
+    timings) timed out its last builds and timings and lost the call. The driver refuses such a plan
+    before it runs anything, naming the step, what it holds and the budget to give."""
+    words = ["--budget", "560", "setup:45", "ab:200", "p1=.ab-1", "p2=.ab-2", "p3=.ab-3", "p4=.ab-4", "paths=portable"]
+    with pytest.raises(SystemExit) as e:
+        drv.main(["--dry-run", "--commit", "abc1234", "--capability", "9.0", *words])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "step ab:200 cannot hold its commands" in err and "4 x variant build (30 s)" in err
+    assert "5 x smoke timings (22 s)" in err and "give it ab:258 or more" in err
+    _dry(drv, capsys, *[w.replace("ab:200", "ab:260") for w in words])
+    with pytest.raises(SystemExit):  # the portable racecheck of the slot tests alone takes ~255 s
+        drv.main(["--dry-run", "--commit", "abc1234", "--capability", "9.0", "sanitize:200", "portable"])
+    assert "sanitize:200 cannot hold" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # every step fits its own budget, the whole run does not fit --budget
+        drv.main(["--dry-run", "--commit", "abc1234", "--capability", "9.0", "--budget", "250", "setup:40",
+                  "sanitize:300", "portable"])
+    assert "the steps need at least 285 s" in capsys.readouterr().err
+
+
+def test_driver_skips_a_step_whose_library_is_missing(drv, tmp_path):
+    """`tests portable lib=WORK/lib_X.so` after a build that failed ran 150 s of tests against nothing
+    (session 29); the step is skipped with the reason instead. A dry run does not look."""
+    ctx = drv.Context(tmp_path, tmp_path, "abc1234", dry_run=False, capability="9.0")
+    step = drv.parse_steps(["tests", "portable", f"lib={tmp_path}/lib_x.so"])[0]
+    assert "does not exist" in drv.missing_library(step, ctx)
+    (tmp_path / "lib_x.so").write_bytes(b"")
+    assert drv.missing_library(step, ctx) is None
+    assert drv.missing_library(drv.parse_steps(["tests", "portable"])[0], ctx) is None
+    dry = drv.Context(tmp_path, tmp_path, "abc1234", dry_run=True, capability="9.0")
+    assert drv.missing_library(drv.parse_steps(["tests", "portable", "lib=/nowhere/lib.so"])[0], dry) is None
+
+
 def test_driver_result_file_names(drv):
     steps = drv.parse_steps(["bench", "main,ddtree", "both", "bench", "quick", "hopper", "bench", "quick", "portable",
                              "modes", "ab", "x=/tmp/x.so"])

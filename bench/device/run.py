@@ -38,7 +38,10 @@ compute capability 9.0. Any step takes `lib=FILE` (KDTREE_LIB for its commands);
 `name=REGEX` (the kernel-name filter). Budgets: --budget (default 570 s) is the whole command's;
 a step without its own gets its default (setup 240, tests 150 and sanitize 300 per path, modes 150,
 profile 240, ab 300 s), and `bench` steps share what is left after the later steps' budgets. A
-step that cannot get 20 s is skipped and reported.
+step that cannot get 20 s is skipped and reported. Builds, timings and the portable racecheck carry
+measured floors (BUILD_FLOOR_S ...): a plan whose step budgets or --budget cannot hold them is refused
+before anything runs (the error names the budget to give), and a step given lib=FILE that is not
+there (its build failed) is skipped.
 
 Output: under $OUT (or --out), at most 8 files: run.json (commit, command, each step's and
 command's exit code, seconds and summary lines), logs.tar.gz (every log and file of the work
@@ -76,6 +79,15 @@ DEFAULT_BUDGET = 570.0  # the device allows 600 s per command
 MIN_STEP_S = 20.0
 BENCH_TAIL_S = 60.0  # bench_verify.py: start-up before its clock, the shape in flight at the limit, the table
 MAX_RESULT_FILES = 6  # + run.json + logs.tar.gz = the 8 files $OUT brings back
+# Floors (H200, session 29): a command given less than these times out and the step's later commands
+# run against nothing (session 29's first call lost 416 s of device time that way: four variant
+# builds of 26-31 s each in an `ab:200` step). The library for three archs: 22-31 s; for this GPU's
+# arch only (--profiler): 20 s; smoke timings of 11 shapes: 16-24 s a library; the warp-specialised
+# portable kernel's racecheck over the slot / part / merge tests: 255-270 s.
+BUILD_FLOOR_S = 30.0
+ONE_ARCH_BUILD_FLOOR_S = 20.0
+SMOKE_FLOOR_S = 22.0
+RACECHECK_SLOTS_FLOOR_S = {"portable": 255.0}
 KERNEL_NAME_RE = {"hopper": "hopper_kernel", "portable": "verify_ws_kernel", "portable-tiled": "verify_attention_kernel"}
 NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
                 "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SourceCounters")
@@ -99,6 +111,7 @@ class Command:
     argv: list
     log: str
     share: float = 1.0  # this command's part of the step's budget
+    floor_s: float = 0.0  # the least it needs on the H200 (measured); the plan is refused below the sum
     env: dict = dataclasses.field(default_factory=dict)
     echo: str = r"."  # lines of its log printed after it ends (regex)
     echo_last: int = 4
@@ -287,7 +300,7 @@ def commands_setup(s: Step, ctx: Context) -> list:
         Command("GPU", ["nvidia-smi", "--query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm,power.limit",
                         "--format=csv,noheader"], "setup-gpu.log", share=0.05),
         Command("build the library", [PYTHON, "-m", "kdtree_backend.build", "--check"], "setup-build.log", share=0.6,
-                fatal=True, echo=r"built|error|warning|failed|spill"),
+                fatal=True, echo=r"built|error|warning|failed|spill", floor_s=BUILD_FLOOR_S),
         Command("doctor", [PYTHON, "-m", "kdtree_backend", "doctor"], "setup-doctor.log", share=0.05,
                 echo=r"library|GPU|version|ABI|arch", echo_last=8),
     ]
@@ -344,7 +357,7 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
                 f"(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments) and "
                 f"{PATH_TEST_ID[p]}")],
                 f"racecheck-slots-{p}.log", share=0.6 / len(paths),  # H200: 160-180 s the tiled kernel (s3), 255 s the warp-specialised one (p16): give sanitize >= 430 s a path
-                env=small, echo=r"RACECHECK SUMMARY|passed|failed"),
+                env=small, echo=r"RACECHECK SUMMARY|passed|failed", floor_s=RACECHECK_SLOTS_FLOOR_S.get(p, 0.0)),
             Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", PATH_TEST_ID[p])],
                     f"memcheck-{p}.log", share=0.2 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),
         ]
@@ -399,9 +412,10 @@ def commands_profile(s: Step, ctx: Context) -> list:
 def _build_in(checkout: Path, lib: Path, label: str, log: str, share: float, *flags: str) -> Command:
     """The kernel library of another checkout (its own sources and Python package first on the path)
     built into `lib` (ab's variants, the stamps step's --profiler library)."""
+    floor = ONE_ARCH_BUILD_FLOOR_S if "--arch" in flags else BUILD_FLOOR_S
     return Command(label, [PYTHON, "-m", "kdtree_backend.build", *flags, "--out", str(lib)], log, share=share,
                    cwd=str(checkout), env={"PYTHONPATH": f"{checkout}:{SITE}:{ROOT}/.whl/placeholder"},
-                   echo=r"built|error")
+                   echo=r"built|error", floor_s=floor)
 
 
 def commands_stamps(s: Step, ctx: Context) -> list:
@@ -443,7 +457,7 @@ def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
                                                        ",".join(paths), "--json", str(ctx.work / f"ab-{name}.json"),
                                                        *shapes],
                             f"ab-{name}.log", share=timing_share, env={"KDTREE_LIB": lib} if lib else {},
-                            echo=r"BAD|smoke (PASSED|FAILED)"))
+                            echo=r"BAD|smoke (PASSED|FAILED)", floor_s=SMOKE_FLOOR_S))
     cmds.append(Command("A/B summary", [], "ab-summary.log", share=0.05,
                         call=lambda: ab_summary(ctx.work, list(libs), paths, ctx.out / out_name)))
     return cmds
@@ -489,14 +503,50 @@ def step_commands(s: Step, steps: list, ctx: Context, budget: float) -> list:
     return cmds
 
 
+def check_plan(steps: list, ctx: Context, budget: float) -> None:
+    """Refuse, before any device time is spent, a plan whose steps cannot hold their commands' floors
+    (Command.floor_s): each step with a budget of its own against its commands' sum, and the whole
+    run against every step's."""
+    total = 0.0
+    for s in steps:
+        own = nominal_budget(s)
+        cmds = step_commands(s, steps, ctx, own if own is not None else budget)
+        floors = [c for c in cmds if c.floor_s > 0]
+        need = sum(c.floor_s for c in floors)
+        total += need
+        if own is not None and own < need:
+            parts = {}
+            for c in floors:
+                kind = re.sub(r"^smoke timings, .*", "smoke timings", re.sub(r"^build \S+ from .*", "variant build", c.label))
+                n, f = parts.get(kind, (0, c.floor_s))
+                parts[kind] = (n + 1, f)
+            what = ", ".join(f"{n} x {kind} ({f:.0f} s)" for kind, (n, f) in parts.items())
+            raise UsageError(f"step {s.name}:{own:.0f} cannot hold its commands on the H200: {what} need "
+                             f"{need:.0f} s; give it {s.name}:{math.ceil(need * 1.1 + 5)} or more")
+    if total > budget:
+        raise UsageError(f"the steps need at least {total:.0f} s on the H200 (their commands' floors) and "
+                         f"--budget is {budget:.0f}: raise it or split the call")
+
+
+def missing_library(s: Step, ctx: Context) -> Optional[str]:
+    """Why a step given lib=FILE cannot run, when FILE is not there (an earlier step's build failed or
+    timed out); None when it can. A dry run does not look."""
+    lib = s.option("lib")
+    if not lib or ctx.dry_run:
+        return None
+    path = Path(lib) if Path(lib).is_absolute() else ROOT / lib
+    return None if path.exists() else f"lib={lib} does not exist (did the step that builds it fail?)"
+
+
 # ------------------------------------------------------------------------------------------
 # running
 # ------------------------------------------------------------------------------------------
 def command_timeout(cmds: list, k: int, budget: float, step_left: float, total_left: float) -> float:
     """cmds[k]'s timeout: what is left of the step less the shares of the commands after it (time a
     command did not use goes to the next), and never past the step's or the whole run's end."""
-    later = sum(c.share for c in cmds[k + 1:] if c.call is None) * budget
-    return max(0.0, min(max(step_left - later, min(cmds[k].share * budget, step_left)), step_left, total_left))
+    later = sum(max(c.share * budget, c.floor_s) for c in cmds[k + 1:] if c.call is None)
+    own = max(cmds[k].share * budget, cmds[k].floor_s)
+    return max(0.0, min(max(step_left - later, min(own, step_left)), step_left, total_left))
 
 
 def describe(c: Command, timeout: float) -> str:
@@ -581,8 +631,10 @@ def run(steps: list, ctx: Context, budget: float, argv: list) -> int:
         label = " ".join([s.name, *s.args])
         rec = {"step": label, "budget_s": round(b), "commands": []}
         doc["steps"].append(rec)
-        if stop or b < MIN_STEP_S:
-            rec["skipped"] = "an earlier step failed fatally" if stop else f"no time left ({remaining:.0f}s)"
+        missing = missing_library(s, ctx)
+        if stop or b < MIN_STEP_S or missing:
+            rec["skipped"] = ("an earlier step failed fatally" if stop else missing
+                              or f"no time left ({remaining:.0f}s)")
             print(f"[{i + 1}/{len(steps)}] {label}: skipped ({rec['skipped']})", flush=True)
             continue
         print(f"[{i + 1}/{len(steps)}] {label} (budget {b:.0f}s)", flush=True)
@@ -641,6 +693,10 @@ def main(argv=None) -> int:
         ap.error("no $OUT: give --out DIR")
     ctx = Context(Path(opts.work), Path(opts.out or "/tmp/out"), opts.commit, opts.dry_run, opts.capability,
                   opts.wheels)
+    try:
+        check_plan(steps, ctx, opts.budget)
+    except UsageError as e:
+        ap.error(str(e))
     return run(steps, ctx, opts.budget, argv)
 
 
