@@ -207,6 +207,8 @@ def test_driver_dry_run_of_profile_and_ab(drv, capsys):
     assert ("KDTREE_KERNEL=hopper ncu --clock-control none --kernel-name regex:hopper_kernel --launch-skip 1 "
             "--launch-count 1") in out and "--profile-shape 32,8,16,8192" in out
     assert "--page source --csv --print-source sass" in out
+    assert ("python3 tools/stall_regions.py /tmp/kdtree-device/sass-stalls-hopper-32_8_16_8192.csv.gz --json "
+            "/tmp/kdtree-device/stall-regions-hopper-32_8_16_8192.json") in out
     assert f"(cd {ROOT}/.ab/base) PYTHONPATH=" in out and "-m kdtree_backend.build --out /tmp/kdtree-device/lib_base.so" in out
     assert "python3 bench/diag/smoke.py --no-triton --configs hopper,portable --json /tmp/kdtree-device/ab-default.json" in out
     assert "KDTREE_LIB=/tmp/prev.so python3 bench/diag/smoke.py" in out

@@ -20,7 +20,8 @@ A step name starts a step and the words after it, up to the next step name, are 
                                the step's budget; OPTs go to bench_verify.py as they are
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
-                               sections, stall reasons, per-instruction (SASS) stall samples as CSV
+                               sections, stall reasons, per-instruction (SASS) stall samples as CSV,
+                               summed by role, mma loop and sync window (tools/stall_regions.py)
   ab NAME=LIB ... [paths=P] [shapes=S]
                                the smoke shapes (or S: 'B,H,n,L;...') timed with variant libraries
                                against this checkout's build: LIB is a built .so, or a directory
@@ -405,7 +406,11 @@ def commands_profile(s: Step, ctx: Context) -> list:
                 echo=r"Duration|Throughput|Warp Cycles|Issue Slots|No Eligible|Registers|Tensor|DRAM", echo_last=14),
         Command("SASS stall samples", ["sh", "-c", f"ncu -i {rep}.ncu-rep --page source --csv --print-source sass > {sass}"
                                        f" && gzip -f {sass} && echo sass csv: {sass}.gz"],
-                f"sass-{tag}.log", share=0.1),
+                f"sass-{tag}.log", share=0.08),
+        # the samples by role, mma loop and the refill / K-full windows, echoed into the call's output
+        Command("stall regions", [PYTHON, "tools/stall_regions.py", f"{sass}.gz", "--json",
+                                  str(ctx.work / f"stall-regions-{tag}.json")],
+                f"stall-regions-{tag}.log", share=0.02, echo=r".", echo_last=30),
     ]
 
 
