@@ -270,6 +270,86 @@ def _path_summary(rows: list, p: str) -> dict:
     return s
 
 
+# The open issues' bars (docs/kernel/README.md, issues 25 and 26), judged on one run: (name, what,
+# the bar, "<=" or ">="). Issue 25's are the portable path's (what sm_120 runs), issue 26's the Hopper
+# path's; "large" is B*L >= 256k on the main grid's H x n (as in the summary above).
+ISSUE_TARGETS = {
+    "portable": ("issue 25", (
+        ("main_geomean_vs_flashmla", "time / FlashMLA, main grid geomean", 1.4, "<="),
+        ("ddtree_geomean_vs_flashmla", "time / FlashMLA, DDTree grid geomean", 1.6, "<="),
+        ("max_vs_flashmla", "time / FlashMLA, worst shape of both grids", 2.0, "<="),
+        ("large_min_pct_mma_sync", "large shapes, min % of the mma.sync peak", 60.0, ">="),
+        ("n8_h8_large_min_pct_copy", "n = 8, H = 8 large shapes, min % of the copy ceiling", 60.0, ">="),
+        ("geomean_speedup_vs_triton", "speedup vs SGLang Triton, geomean", 10.0, ">="),
+        ("min_speedup_vs_triton", "speedup vs SGLang Triton, worst shape", 3.0, ">="),
+    )),
+    "hopper": ("issue 26", (
+        ("ddtree_geomean_vs_flashmla", "time / FlashMLA, DDTree grid geomean", 1.0, "<="),
+        ("ddtree_max_vs_flashmla", "time / FlashMLA, DDTree grid worst shape", 1.10, "<="),
+        ("main_geomean_vs_flashmla", "time / FlashMLA, main grid geomean", 1.0, "<="),
+        ("main_max_vs_flashmla", "time / FlashMLA, main grid worst shape", 1.15, "<="),
+        ("large_min_pct_matmul_minus_flashmla", "large shapes, min of (our % - FlashMLA's %) of the matmul ceiling",
+         -3.0, ">="),
+    )),
+}
+
+
+def issue_targets(rows: list, p: str) -> dict:
+    """Path p's issue bars on these rows: {name: {what, bar, op, value, met}} plus "issue" and
+    "met" (how many of the measured bars hold, of how many were measured). A bar whose shapes were
+    not run (a grid left out, FlashMLA missing) has value None and met None."""
+    if p not in ISSUE_TARGETS:
+        return {}
+    issue, bars = ISSUE_TARGETS[p]
+
+    def col(rs, key):
+        return [r.get("paths", {}).get(p, {}).get(key) for r in rs]
+
+    def in_grid(g):
+        members = set(_grid(g))
+        return [r for r in rows if _shape_of(r) in members]
+
+    main, ddtree = in_grid("main"), in_grid("ddtree")
+    large = [r for r in main if (r["shape"]["H"], r["shape"]["n"]) in MAIN_HN and is_large(_shape_of(r))]
+    n8_large = [r for r in main if (r["shape"]["H"], r["shape"]["n"]) == (8, 8) and is_large(_shape_of(r))]
+
+    def metric(r, impl, key):
+        return r.get("metrics", {}).get(impl, {}).get(key)
+
+    gap = [metric(r, p, "pct_matmul") - metric(r, "flashmla", "pct_matmul") for r in large
+           if metric(r, p, "pct_matmul") is not None and metric(r, "flashmla", "pct_matmul") is not None]
+    values = {
+        "main_geomean_vs_flashmla": _geomean(col(main, "ratio_vs_flashmla")),
+        "ddtree_geomean_vs_flashmla": _geomean(col(ddtree, "ratio_vs_flashmla")),
+        "max_vs_flashmla": _max(col(main + ddtree, "ratio_vs_flashmla")),
+        "main_max_vs_flashmla": _max(col(main, "ratio_vs_flashmla")),
+        "ddtree_max_vs_flashmla": _max(col(ddtree, "ratio_vs_flashmla")),
+        "large_min_pct_mma_sync": _min(col(large, "pct_mma_sync")),
+        "n8_h8_large_min_pct_copy": _min([metric(r, p, "pct_copy") for r in n8_large]),
+        "geomean_speedup_vs_triton": _geomean(col(rows, "speedup_vs_triton")),
+        "min_speedup_vs_triton": _min(col(rows, "speedup_vs_triton")),
+        "large_min_pct_matmul_minus_flashmla": _min(gap),
+    }
+    out = {"issue": issue}
+    for name, what, bar, op in bars:
+        v = values[name]
+        out[name] = {"what": what, "bar": bar, "op": op, "value": v,
+                     "met": None if v is None else (v <= bar if op == "<=" else v >= bar)}
+    judged = [t["met"] for k, t in out.items() if k != "issue" and t["met"] is not None]
+    out["met"] = [sum(judged), len(judged)]
+    return out
+
+
+def format_targets(t: dict) -> str:
+    """One line: the issue, each bar as value (op bar: yes/no/-), and how many hold."""
+    if not t:
+        return ""
+    parts = [f"{v['what']} {_f(v['value'])} ({v['op']}{v['bar']:g}: "
+             f"{'-' if v['met'] is None else 'yes' if v['met'] else 'no'})"
+             for k, v in t.items() if k not in ("issue", "met")]
+    return f"{t['issue']} targets met {t['met'][0]} of {t['met'][1]}: " + "; ".join(parts)
+
+
 def _grid_summary(rows: list, p: str) -> dict:
     """One grid's line for one of our entries: the FlashMLA and Triton ratios and the mma.sync %."""
     def col(key, rs=rows):
@@ -293,6 +373,8 @@ def summarize(rows: list, ceil: dict, paths=("ours",)) -> dict:
     """Per path (summary["paths"][p]) and per named grid (summary["grids"][grid][p]); the top
     level repeats the first path's numbers (the layout of single-path results)."""
     per_path = {p: _path_summary(rows, p) for p in paths}
+    for p in paths:
+        per_path[p]["targets"] = issue_targets(rows, p)
     s = dict(per_path[paths[0]])
     s["paths"] = per_path
     s["grids"] = {}
@@ -423,6 +505,10 @@ def format_summary(s: dict, paths=("ours",)) -> str:
                 f"min {_f(v['large_shapes_min_pct_mma_sync'], '.1f')} best {_f(v['max_pct_mma_sync'], '.1f')}")
     for k, v in s.get("path_time_ratios", {}).items():
         lines.append(f"time {k}: geomean {_f(v, '.3f')} (same run, same inputs)")
+    for p in paths:
+        t = s.get("paths", {}).get(p, s).get("targets")
+        if t:
+            lines.append(("" if len(paths) == 1 else f"[{p}] ") + format_targets(t))
     c = s["ceilings"]
     mma = c.get("mma_sync_tflops")
     lines.append(f"ceilings: copy {c['copy_tbps']:.2f} TB/s, matmul {c['matmul_tflops']:.0f} TFLOP/s, mma.sync "

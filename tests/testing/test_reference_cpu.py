@@ -603,6 +603,51 @@ def test_bench_per_path_and_per_grid_summaries():
     assert bv.doc_paths(doc) == paths
 
 
+def test_bench_issue_targets():
+    """The open issues' bars per path, judged on one run: issue 25's for the portable path, 26's for
+    the Hopper path; a grid not run leaves its bars unjudged (None), not failed; the summary carries
+    them and format_summary prints one line a path."""
+    bv = _load_bench("bench_verify")
+    ceil = {"copy_tbps": 4.25, "matmul_tflops": 790.0, "mma_sync_tflops": 645.0}
+    paths = ["hopper", "portable"]
+    rows = [bv.finish_row(r, ceil, paths) for r in _fake_rows(bv, grid="main,ddtree", paths=paths)]
+    # hopper: 1.25x FlashMLA on every shape; portable 2.5x; Triton 12x / 6x
+    h = bv.issue_targets(rows, "hopper")
+    assert h["issue"] == "issue 26" and h["met"] == [0, 5]
+    assert h["ddtree_geomean_vs_flashmla"]["value"] == pytest.approx(1.25) and h["ddtree_max_vs_flashmla"]["met"] is False
+    # hopper's % of matmul is FlashMLA's / 1.25: the gap on a large shape is -20% of FlashMLA's own %
+    large = [r for r in rows[:45] if (r["shape"]["H"], r["shape"]["n"]) in bv.MAIN_HN
+             and r["shape"]["B"] * r["shape"]["L"] >= 256 * 1024]
+    assert len(large) == 12
+    assert h["large_min_pct_matmul_minus_flashmla"]["value"] == pytest.approx(
+        min(r["metrics"]["hopper"]["pct_matmul"] - r["metrics"]["flashmla"]["pct_matmul"] for r in large))
+    p = bv.issue_targets(rows, "portable")
+    assert p["issue"] == "issue 25"
+    assert p["main_geomean_vs_flashmla"]["value"] == pytest.approx(2.5) and p["max_vs_flashmla"]["met"] is False
+    assert p["geomean_speedup_vs_triton"]["met"] is False and p["min_speedup_vs_triton"]["met"] is True  # 6x
+    assert p["large_min_pct_mma_sync"]["value"] == pytest.approx(min(r["metrics"]["portable"]["pct_mma_sync"] for r in large))
+    # the fake times are small: every % bar holds (the mma.sync and the copy one)
+    assert p["large_min_pct_mma_sync"]["met"] is True and p["n8_h8_large_min_pct_copy"]["met"] is True
+    assert p["met"] == [3, 7]
+    # a run of the main grid alone: the DDTree bars are not judged
+    main_only = [bv.finish_row(r, ceil, paths) for r in _fake_rows(bv, grid="main", paths=paths)]
+    h = bv.issue_targets(main_only, "hopper")
+    assert h["ddtree_geomean_vs_flashmla"]["value"] is None and h["ddtree_geomean_vs_flashmla"]["met"] is None
+    assert h["met"] == [0, 3]
+    # a bar that holds: FlashMLA slower than ours everywhere
+    fast = _fake_rows(bv, grid="main,ddtree", paths=paths)
+    for r in fast:
+        r["times_us"]["flashmla"] = r["times_us"]["hopper"] * 1.2
+    h = bv.issue_targets([bv.finish_row(r, ceil, paths) for r in fast], "hopper")
+    assert h["met"] == [5, 5] and h["main_max_vs_flashmla"]["value"] == pytest.approx(1 / 1.2)
+    assert bv.issue_targets(rows, "ours") == {}
+    summ = bv.summarize(rows, ceil, paths)
+    assert summ["paths"]["portable"]["targets"]["met"] == [3, 7]
+    text = bv.format_summary(summ, paths)
+    assert "[hopper] issue 26 targets met 0 of 5: time / FlashMLA, DDTree grid geomean 1.25 (<=1: no)" in text
+    assert "[portable] issue 25 targets met 3 of 7" in text and "worst shape 6.00 (>=3: yes)" in text
+
+
 def test_bench_plot_from_json(tmp_path):
     pytest.importorskip("matplotlib")
     bv = _load_bench("bench_verify")
