@@ -13,7 +13,7 @@ kernel) and every arch in the library's SASS (cuobjdump -sass):
     (STL / LDL: spills); a role whose highest index stays below the value it asked for did not use
     what it asked for;
   * each mma loop (a run of at least --min-hmma HMMA with fewer than 40 other instructions between
-    two HMMA): how many HMMA before its use each HMMA's B operand was loaded by LDSM, as a
+    two HMMA, inside one setmaxnreg region): how many HMMA before its use each HMMA's B operand was loaded by LDSM, as a
     histogram. A fragment loaded 2 HMMA ahead has ~2 HMMA issue slots to cover an ldmatrix's
     latency; under a busy MIO queue (m18: ~100-200 cycles) that is what a k-step then waits.
 
@@ -129,6 +129,16 @@ def _hmma_runs(instrs: list[str], min_hmma: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in runs if sum("HMMA" in instrs[i] for i in range(a, b + 1)) >= min_hmma]
 
 
+def mma_loops(instrs: list[str], min_hmma: int, cuts: list[Region] | None = None) -> list[tuple[int, int]]:
+    """(first, last) instruction indices of each mma loop: a run of at least `min_hmma` HMMA with at
+    most _GAP other instructions between two, inside one setmaxnreg region (`cuts`, default
+    regions(instrs)): one role's loop never runs into the next role's."""
+    out = []
+    for r in regions(instrs) if cuts is None else cuts:
+        out += [(r.first + a, r.first + b) for a, b in _hmma_runs(instrs[r.first:r.end], min_hmma)]
+    return out
+
+
 def ldsm_distances(instrs: list[str], first: int, last: int, lookback: int = 200) -> collections.Counter:
     """For each HMMA in [first, last]: how many HMMA earlier the LDSM that wrote its B operand
     (the third register operand: D, A, B, C) was issued; operands not written by an LDSM seen since
@@ -164,12 +174,13 @@ def report(sass: str, function: str, archs: set[str] | None, min_hmma: int) -> l
         if function not in name or (archs and arch not in archs):
             continue
         loops = []
-        for a, b in _hmma_runs(instrs, min_hmma):
+        cuts = regions(instrs)
+        for a, b in mma_loops(instrs, min_hmma, cuts):
             d = ldsm_distances(instrs, a, b)  # the loop's own HMMA; the LDSMs before it are looked back at
             loops.append(MmaLoop(first=a, last=b, hmma=sum("HMMA" in instrs[i] for i in range(a, b + 1)),
                                  ldsm=sum("LDSM" in instrs[i] for i in range(a, b + 1)),
                                  distance=dict(sorted(d.items()))))
-        out.append(FunctionReport(arch=arch, name=name, instructions=len(instrs), regions=regions(instrs), loops=loops))
+        out.append(FunctionReport(arch=arch, name=name, instructions=len(instrs), regions=cuts, loops=loops))
     return out
 
 

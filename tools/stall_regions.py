@@ -132,12 +132,10 @@ def windows(instrs: list[Instr], start: str, end: str) -> list[tuple[int, int]]:
 def summarise(instrs: list[Instr], window_defs: dict, top: int = 15, min_hmma: int = 32) -> dict:
     texts = [i.text for i in instrs]
     total = sum(i.samples for i in instrs)
-    roles, loops = [], []
-    for n, r in enumerate(sass_schedule.regions(texts)):
-        label = r.setmaxnreg or "entry"
-        roles.append(_block(f"role {n}: {label}", instrs, r.first, r.end - 1, total))
-        for a, b in sass_schedule._hmma_runs(texts[r.first:r.end], min_hmma):  # a loop stays inside its role
-            loops.append(_block(f"mma loop [{r.first + a}, {r.first + b}]", instrs, r.first + a, r.first + b, total))
+    cuts = sass_schedule.regions(texts)
+    roles = [_block(f"role {n}: {r.setmaxnreg or 'entry'}", instrs, r.first, r.end - 1, total)
+             for n, r in enumerate(cuts)]
+    loops = [_block(f"mma loop [{a}, {b}]", instrs, a, b, total) for a, b in sass_schedule.mma_loops(texts, min_hmma, cuts)]
     wins = []
     for name, (start, end) in window_defs.items():
         spans = windows(instrs, start, end)
@@ -150,10 +148,7 @@ def summarise(instrs: list[Instr], window_defs: dict, top: int = 15, min_hmma: i
         samples = sum(b.samples for b in blocks)
         wins.append({"name": name, "stretches": [[b.first, b.last, b.samples] for b in blocks], "samples": samples,
                      "share": samples / total if total else 0.0, "reasons": reasons.most_common(3)})
-    region_of = {}
-    for n, r in enumerate(sass_schedule.regions(texts)):
-        for k in range(r.first, r.end):
-            region_of[k] = n
+    region_of = {k: n for n, r in enumerate(cuts) for k in range(r.first, r.end)}
     tops = [{"index": i.index, "role": region_of.get(i.index, 0), "text": i.text, "samples": i.samples,
              "share": i.samples / total if total else 0.0,
              "reasons": collections.Counter(i.reasons).most_common(3)}
