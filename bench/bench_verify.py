@@ -301,34 +301,21 @@ def issue_targets(rows: list, p: str) -> dict:
     if p not in ISSUE_TARGETS:
         return {}
     issue, bars = ISSUE_TARGETS[p]
-
-    def col(rs, key):
-        return [r.get("paths", {}).get(p, {}).get(key) for r in rs]
-
-    def in_grid(g):
-        members = set(_grid(g))
-        return [r for r in rows if _shape_of(r) in members]
-
-    main, ddtree = in_grid("main"), in_grid("ddtree")
-    large = [r for r in main if (r["shape"]["H"], r["shape"]["n"]) in MAIN_HN and is_large(_shape_of(r))]
-    n8_large = [r for r in main if (r["shape"]["H"], r["shape"]["n"]) == (8, 8) and is_large(_shape_of(r))]
-
-    def metric(r, impl, key):
-        return r.get("metrics", {}).get(impl, {}).get(key)
-
-    gap = [metric(r, p, "pct_matmul") - metric(r, "flashmla", "pct_matmul") for r in large
-           if metric(r, p, "pct_matmul") is not None and metric(r, "flashmla", "pct_matmul") is not None]
+    ps = _path_summary(rows, p)  # its large shapes, n = 8 shapes and Triton numbers are the issues' own
+    main, ddtree = _grid_summary(_rows_in_grid(rows, "main"), p), _grid_summary(_rows_in_grid(rows, "ddtree"), p)
+    flashmla = {r["label"]: r.get("metrics", {}).get("flashmla", {}).get("pct_matmul") for r in rows}
     values = {
-        "main_geomean_vs_flashmla": _geomean(col(main, "ratio_vs_flashmla")),
-        "ddtree_geomean_vs_flashmla": _geomean(col(ddtree, "ratio_vs_flashmla")),
-        "max_vs_flashmla": _max(col(main + ddtree, "ratio_vs_flashmla")),
-        "main_max_vs_flashmla": _max(col(main, "ratio_vs_flashmla")),
-        "ddtree_max_vs_flashmla": _max(col(ddtree, "ratio_vs_flashmla")),
-        "large_min_pct_mma_sync": _min(col(large, "pct_mma_sync")),
-        "n8_h8_large_min_pct_copy": _min([metric(r, p, "pct_copy") for r in n8_large]),
-        "geomean_speedup_vs_triton": _geomean(col(rows, "speedup_vs_triton")),
-        "min_speedup_vs_triton": _min(col(rows, "speedup_vs_triton")),
-        "large_min_pct_matmul_minus_flashmla": _min(gap),
+        "main_geomean_vs_flashmla": main["geomean_ratio_vs_flashmla"],
+        "ddtree_geomean_vs_flashmla": ddtree["geomean_ratio_vs_flashmla"],
+        "max_vs_flashmla": _max([main["max_ratio_vs_flashmla"], ddtree["max_ratio_vs_flashmla"]]),
+        "main_max_vs_flashmla": main["max_ratio_vs_flashmla"],
+        "ddtree_max_vs_flashmla": ddtree["max_ratio_vs_flashmla"],
+        "large_min_pct_mma_sync": ps["large_shapes_min_pct_mma_sync"],
+        "n8_h8_large_min_pct_copy": ps["n8_h8_large_min_pct_copy"],
+        "geomean_speedup_vs_triton": ps["geomean_speedup_vs_triton"],
+        "min_speedup_vs_triton": ps["min_speedup_vs_triton"],
+        "large_min_pct_matmul_minus_flashmla": _min([v - flashmla[k] for k, v in ps["large_shapes_pct_matmul"].items()
+                                                     if flashmla.get(k) is not None]),
     }
     out = {"issue": issue}
     for name, what, bar, op in bars:
@@ -348,6 +335,12 @@ def format_targets(t: dict) -> str:
              f"{'-' if v['met'] is None else 'yes' if v['met'] else 'no'})"
              for k, v in t.items() if k not in ("issue", "met")]
     return f"{t['issue']} targets met {t['met'][0]} of {t['met'][1]}: " + "; ".join(parts)
+
+
+def _rows_in_grid(rows: list, g: str) -> list:
+    """The rows whose shape belongs to the named grid."""
+    members = set(_grid(g))
+    return [r for r in rows if _shape_of(r) in members]
 
 
 def _grid_summary(rows: list, p: str) -> dict:
@@ -381,10 +374,9 @@ def summarize(rows: list, ceil: dict, paths=("ours",)) -> dict:
     for g in GRIDS:
         if g == "quick":
             continue
-        members = set(_grid(g))
-        rs = [r for r in rows if _shape_of(r) in members]
+        rs = _rows_in_grid(rows, g)
         if rs:
-            s["grids"][g] = {"shapes": len(members), "shapes_run": len(rs), **{p: _grid_summary(rs, p) for p in paths}}
+            s["grids"][g] = {"shapes": len(_grid(g)), "shapes_run": len(rs), **{p: _grid_summary(rs, p) for p in paths}}
     s["path_time_ratios"] = {
         f"{p}/{paths[0]}": _geomean([r.get("paths", {}).get(p, {}).get("time_vs_first_path") for r in rows])
         for p in paths[1:]}

@@ -93,7 +93,7 @@ def _bench_verify():
     """bench/bench_verify.py (standard library only at import): its issue_targets judges a result
     that predates the summary's "targets"."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("_kdtree_bench_verify", ROOT / "bench" / "bench_verify.py")
+    spec = importlib.util.spec_from_file_location("_kdtree_perf_table_bench_verify", ROOT / "bench" / "bench_verify.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -108,14 +108,12 @@ def summary_lines(doc: dict, paths: list) -> list:
         tag = "" if len(paths) == 1 else f"{p}, "
         lines.append(f"- {tag}all {ps.get('shapes_with_ours', 0)} shapes: "
                      + _clauses(ps, "large main-grid shapes (B·L >= 256k)"))
-    bv = None
+    bv = _bench_verify()
     for p in paths:
         t = s.get("paths", {}).get(p, {}).get("targets")
         if t is None:
-            bv = bv or _bench_verify()
             t = bv.issue_targets(doc["rows"], p)
         if t:
-            bv = bv or _bench_verify()
             lines.append(f"- {p}, " + bv.format_targets(t))
     for g, gs in s.get("grids", {}).items():
         if g == "main":
