@@ -16,7 +16,11 @@ FILE is what `bench/device/run.py profile PATH SHAPE` brings back (ncu --page so
     stretch from an instruction matching START to the next one matching END, summed; the default
     windows are the portable kernel's refill (the PV stage barrier to the ids' cp.async commit) and
     its K-full waits;
-  * the --top instructions by samples, each with its role, index and leading reasons.
+  * the --top instructions by samples, each with its role, index and leading reasons;
+  * hot blocks: the kernel cut into runs of --blocks instructions (default 256), those holding at least
+    --min-block-share of the samples (default 2%), each with its leading reasons, how often its
+    busiest instruction ran and its commonest opcodes: a map of a kernel without setmaxnreg roles
+    (the Hopper kernel, journal m23), where the role cut says nothing.
 
 A sample is one warp seen at one instruction, issued or not: a role's share is its share of the
 warps' time. CPU only; `parse`, `summarise` run in the CPU tests on a fixed excerpt.
@@ -52,6 +56,7 @@ class Instr:
     samples: int
     not_issued: int
     reasons: dict  # stall reason (without "stall_") -> samples
+    executed: int = 0  # ncu's "Instructions Executed" (warp-level)
 
 
 @dataclass
@@ -97,7 +102,8 @@ def parse(text: str) -> tuple[str, list[Instr]]:
         out.append(Instr(index=len(out), text=r["Source"].strip(),
                          samples=num(r.get("Warp Stall Sampling (All Samples)")),
                          not_issued=num(r.get("Warp Stall Sampling (Not-issued Samples)")),
-                         reasons={c[len("stall_"):]: num(r[c]) for c in reason_cols if num(r[c])}))
+                         reasons={c[len("stall_"):]: num(r[c]) for c in reason_cols if num(r[c])},
+                         executed=num(r.get("Instructions Executed"))))
     return kernel, out
 
 
@@ -129,7 +135,30 @@ def windows(instrs: list[Instr], start: str, end: str) -> list[tuple[int, int]]:
     return out
 
 
-def summarise(instrs: list[Instr], window_defs: dict, top: int = 15, min_hmma: int = 32) -> dict:
+def opcode(text: str) -> str:
+    """The SASS instruction's opcode without its predicate and modifiers ('@!P1 BRA 0x..' -> 'BRA')."""
+    words = text.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def hot_blocks(instrs: list[Instr], size: int, min_share: float, n_ops: int = 4) -> list[dict]:
+    """The kernel in runs of `size` instructions; those with at least `min_share` of the samples."""
+    total = sum(i.samples for i in instrs)
+    out = []
+    for first in range(0, len(instrs), size) if size > 0 else ():
+        seg = instrs[first:first + size]
+        b = _block(f"[{first}, {first + len(seg) - 1}]", instrs, first, first + len(seg) - 1, total)
+        if not total or b.share < min_share:
+            continue
+        ops = collections.Counter(opcode(i.text) for i in seg if i.text)
+        out.append({**asdict(b), "executed_max": max(i.executed for i in seg), "ops": ops.most_common(n_ops)})
+    return out
+
+
+def summarise(instrs: list[Instr], window_defs: dict, top: int = 15, min_hmma: int = 32, block_size: int = 256,
+              min_block_share: float = 0.02) -> dict:
     texts = [i.text for i in instrs]
     total = sum(i.samples for i in instrs)
     cuts = sass_schedule.regions(texts)
@@ -154,7 +183,7 @@ def summarise(instrs: list[Instr], window_defs: dict, top: int = 15, min_hmma: i
              "reasons": collections.Counter(i.reasons).most_common(3)}
             for i in sorted(instrs, key=lambda i: -i.samples)[:top] if i.samples]
     return {"samples": total, "roles": [asdict(b) for b in roles], "loops": [asdict(b) for b in loops],
-            "windows": wins, "top": tops}
+            "windows": wins, "top": tops, "blocks": hot_blocks(instrs, block_size, min_block_share)}
 
 
 def _reasons(rs) -> str:
@@ -174,6 +203,12 @@ def render(kernel: str, s: dict) -> str:
     for t in s["top"]:
         lines.append(f"    [{t['index']:>5}] role {t['role']} {t['samples']:>6} {100 * t['share']:5.1f}%  "
                      f"{t['text'][:60]:<60} {_reasons(t['reasons'])}")
+    if s.get("blocks"):
+        lines.append("  hot blocks (instructions, samples, share, busiest instruction's executions, opcodes):")
+        for b in s["blocks"]:
+            ops = " ".join(f"{o} {n}" for o, n in b["ops"])
+            lines.append(f"    {b['name']:<16} {b['samples']:>7} {100 * b['share']:5.1f}%  x{b['executed_max']:<9} "
+                         f"{_reasons(b['reasons']):<44} {ops}")
     return "\n".join(lines)
 
 
@@ -192,13 +227,19 @@ def main(argv=None) -> int:
                     help="NAME=START..END: sum the samples between the two SASS patterns (replaces the defaults)")
     ap.add_argument("--top", type=int, default=15, help="instructions listed by samples (default 15)")
     ap.add_argument("--min-hmma", type=int, default=32, help="HMMA a run needs to count as an mma loop (default 32)")
+    ap.add_argument("--blocks", type=int, default=256, help="instructions a hot block (default 256; 0: none)")
+    ap.add_argument("--min-block-share", type=float, default=0.02,
+                    help="share of the samples a block needs to be listed (default 0.02)")
     ap.add_argument("--json", type=Path, help="also write the summary as JSON")
     a = ap.parse_args(argv)
     try:
         kernel, instrs = parse(_open(a.csv))
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"stall_regions: {a.csv}: {e}")
-    s = summarise(instrs, dict(a.window) or DEFAULT_WINDOWS, a.top, a.min_hmma)
+    if a.blocks < 0 or not 0.0 <= a.min_block_share <= 1.0:
+        raise SystemExit(f"stall_regions: --blocks must be >= 0 and --min-block-share within [0, 1]"
+                         f" (got {a.blocks}, {a.min_block_share})")
+    s = summarise(instrs, dict(a.window) or DEFAULT_WINDOWS, a.top, a.min_hmma, a.blocks, a.min_block_share)
     print(render(kernel, s))
     if a.json:
         a.json.write_text(json.dumps({"kernel": kernel, **s}, indent=1))

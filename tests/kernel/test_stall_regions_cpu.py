@@ -90,3 +90,25 @@ def test_cli_reads_gzip_takes_windows_and_refuses_other_files(sr, tmp_path, caps
         sr.main([str(bad)])
     with pytest.raises(SystemExit):
         sr.main([str(f), "--window", "nodots=UBLKCP"])
+
+
+def test_hot_blocks_cut_the_kernel_and_name_its_opcodes(sr):
+    _, instrs = sr.parse(_csv())
+    total = sum(r[2] for r in ROWS)
+    blocks = sr.hot_blocks(instrs, size=4, min_share=0.08)
+    # [0,3] 25, [4,7] 51, [8,11] 44, [12,13] 9 of 129 samples: the last block (7%) is under 8%
+    assert [(b["first"], b["last"], b["samples"]) for b in blocks] == [(0, 3, 25), (4, 7, 51), (8, 11, 44)]
+    assert blocks[1]["share"] == pytest.approx(51 / total) and blocks[1]["reasons"][0] == ("barrier", 43)
+    assert dict(blocks[0]["ops"]) == {"HMMA": 2, "LDC": 1, "USETMAXREG": 1}
+    assert dict(blocks[1]["ops"])["UBLKCP"] == 1  # the predicate is not the opcode
+    assert sr.opcode("@!P1 BRA 0xa0") == "BRA" and sr.opcode("") == ""
+    assert sr.hot_blocks(instrs, size=0, min_share=0.0) == []
+    s = sr.summarise(instrs, sr.DEFAULT_WINDOWS, top=3, min_hmma=2, block_size=4, min_block_share=0.08)
+    assert len(s["blocks"]) == 3 and "hot blocks" in sr.render("k", s)
+
+
+def test_cli_refuses_negative_block_size(sr, tmp_path):
+    f = tmp_path / "s.csv"
+    f.write_text(_csv())
+    with pytest.raises(SystemExit, match="--blocks"):
+        sr.main([str(f), "--blocks", "-1"])
