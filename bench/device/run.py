@@ -21,7 +21,7 @@ A step name starts a step and the words after it, up to the next step name, are 
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV,
-                               summed by role, mma loop and sync window (tools/stall_regions.py)
+                               summed by role, mma loop, sync window and hot block (tools/stall_regions.py)
   ab NAME=LIB ... [paths=P] [shapes=S]
                                the smoke shapes (or S: 'B,H,n,L;...') timed with variant libraries
                                against this checkout's build: LIB is a built .so, or a directory
@@ -410,7 +410,7 @@ def commands_profile(s: Step, ctx: Context) -> list:
         # the samples by role, mma loop and the refill / K-full windows, echoed into the call's output
         Command("stall regions", [PYTHON, "tools/stall_regions.py", f"{sass}.gz", "--json",
                                   str(ctx.work / f"stall-regions-{tag}.json")],
-                f"stall-regions-{tag}.log", share=0.02, echo=r".", echo_last=30),
+                f"stall-regions-{tag}.log", share=0.02, echo=r".", echo_last=42),
     ]
 
 
