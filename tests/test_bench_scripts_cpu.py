@@ -553,3 +553,40 @@ def test_tile_timeline_intervals_from_a_known_schedule():
             "wg0.share": 40, "wg0.pv": 140, "wg1.p_wait": period - 400, "wg1.pv": 220, "wg1.empty_wait": 20,
             "wg1.refill": 160, "refill_to_k": 2 * period - 980, "p_to_wg1": 20}
     assert {k: res[k]["median"] for k in want} == want
+
+
+def test_driver_ab_passes_slot_layouts_and_refuses_others(drv, capsys):
+    out = _dry(drv, capsys, "ab", "base=/tmp/prev.so", "paths=portable", "slots=runs")
+    smoke_lines = [line for line in out.splitlines() if "bench/diag/smoke.py" in line]
+    assert len(smoke_lines) == 2 and all("--slots runs" in line for line in smoke_lines)
+    assert "--slots" not in _dry(drv, capsys, "ab", "base=/tmp/prev.so", "paths=portable")
+    with pytest.raises(SystemExit):
+        drv.main(["--dry-run", "--commit", "abc1234", "--capability", "9.0", "ab", "base=/tmp/prev.so", "slots=pages"])
+    assert "slots=pages" in capsys.readouterr().err
+
+
+def test_driver_and_smoke_agree_on_slot_layouts(drv):
+    import ast
+    tree = ast.parse((ROOT / "bench/diag/smoke.py").read_text())
+    smoke_layouts = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                         and any(getattr(t, "id", "") == "SLOT_LAYOUTS" for t in n.targets))
+    assert tuple(smoke_layouts) == drv.SLOT_LAYOUTS
+
+
+def test_smoke_slot_layouts_keep_the_batch_and_make_runs():
+    torch = pytest.importorskip("torch")
+    smoke = _load("bench/diag/smoke.py", "_kdtree_smoke")
+    perm = torch.randperm(1000, generator=torch.Generator().manual_seed(0))[:600]
+    rnd = smoke.slot_order("random", 600, 1000, perm, 7)
+    assert torch.equal(rnd, perm)
+    assert smoke.slot_order("contiguous", 600, 1000, perm, 7).tolist() == list(range(600))
+    runs = smoke.slot_order("runs", 600, 1000, perm, 7)
+    assert len(set(runs.tolist())) == 600 and 0 <= int(runs.min()) and int(runs.max()) < 1000
+    steps = (runs[1:] - runs[:-1]).tolist()
+    assert steps.count(1) > 500  # runs of 1-300: most neighbours are consecutive slots
+    with pytest.raises(ValueError, match="slot layout"):
+        smoke.slot_order("pages", 600, 1000, perm, 7)
+    a = smoke.make_batch(2, 8, 4, [50, 60], device="cpu", seed=1, pool_extra=10, slots="runs")
+    b = smoke.make_batch(2, 8, 4, [50, 60], device="cpu", seed=1, pool_extra=10)
+    assert torch.equal(a["q"], b["q"]) and torch.equal(a["custom_mask"], b["custom_mask"])
+    assert not torch.equal(a["kv_indices"][:110], b["kv_indices"][:110])

@@ -22,7 +22,7 @@ A step name starts a step and the words after it, up to the next step name, are 
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV,
                                summed by role, mma loop, sync window and hot block (tools/stall_regions.py)
-  ab NAME=LIB ... [paths=P] [shapes=S]
+  ab NAME=LIB ... [paths=P] [shapes=S] [slots=random|contiguous|runs]
                                the smoke shapes (or S: 'B,H,n,L;...') timed with variant libraries
                                against this checkout's build: LIB is a built .so, or a directory
                                holding another checkout (built into WORK/lib_NAME.so, which later
@@ -97,6 +97,8 @@ DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": 
                    "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False), "stamps": (120.0, False)}
 # the kernel paths whose tile loops stamp their hand-offs (csrc/common/tile_stamps.cuh)
 STAMP_PATHS = ("portable", "hopper")
+# bench/diag/smoke.py --slots (its SLOT_LAYOUTS; the CPU tests check that the two agree)
+SLOT_LAYOUTS = ("random", "contiguous", "runs")
 STEPS = tuple(DEFAULT_BUDGETS)
 TEST_SUMMARY = r"^(FAILED|ERROR)\b|\d+ (passed|failed|deselected)|no tests ran"
 
@@ -135,7 +137,7 @@ class Step:
 
     def plain(self) -> list:
         """The arguments that are not `key=value` options of the driver."""
-        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes|from)=", a)]
+        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes|slots|from)=", a)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -214,6 +216,8 @@ def _check_step(s: Step) -> None:
                 raise UsageError(f"step ab: variant name {v.split('=', 1)[0]!r} (letters, digits, . _ -; not default)")
         if s.option("paths"):
             parse_paths(s.option("paths"))
+        if s.option("slots") and s.option("slots") not in SLOT_LAYOUTS:
+            raise UsageError(f"step ab: slots={s.option('slots')} (one of {', '.join(SLOT_LAYOUTS)})")
     if s.name == "setup" and plain:
         raise UsageError(f"step setup takes no arguments, got {plain}")
 
@@ -444,6 +448,7 @@ def commands_stamps(s: Step, ctx: Context) -> list:
 def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
     paths = ctx.paths(s.option("paths") or "hopper")
     shapes = ["--shapes", s.option("shapes")] if s.option("shapes") else []
+    shapes += ["--slots", s.option("slots")] if s.option("slots") else []
     variants = [a.split("=", 1) for a in s.plain()]
     cmds, libs = [], {"default": None}
     for name, target in variants:

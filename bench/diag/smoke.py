@@ -39,8 +39,34 @@ def shape_batch(spec: str, seed: int) -> tuple:
     return (B, H, n, L), make_batch(B, H, n, [L] * B, seed=seed, pool_extra=L)
 
 
+SLOT_LAYOUTS = ("random", "contiguous", "runs")
+
+
+def slot_order(layout: str, total: int, pool: int, perm: torch.Tensor, seed: int) -> torch.Tensor:
+    """The prefix slots, in request order, of a pool of `pool` slots: "random" is `perm` (a random
+    permutation's first `total`); "contiguous" is 0, 1, ... (SGLang's page size 64, or a fresh
+    page-size-1 pool: every request's prefix one run); "runs" cuts the pool into runs of 1-300
+    consecutive slots in a random order (a page-size-1 pool after some traffic: prefill prefixes are
+    runs, journal m22). Drawn from a generator of their own, so the batch's other inputs do not change
+    with the layout."""
+    if layout == "random":
+        return perm
+    if layout == "contiguous":
+        return torch.arange(total, dtype=perm.dtype)
+    if layout != "runs":
+        raise ValueError(f"slot layout must be one of {SLOT_LAYOUTS}, got {layout!r}")
+    g = torch.Generator(device="cpu").manual_seed(seed + 7919)
+    cuts, at = [], 0
+    while at < pool:
+        m = min(int(torch.randint(1, 301, (1,), generator=g)), pool - at)
+        cuts.append(torch.arange(at, at + m, dtype=perm.dtype))
+        at += m
+    order = torch.randperm(len(cuts), generator=g).tolist()
+    return torch.cat([cuts[i] for i in order])[:total]
+
+
 def make_batch(B, H, n, prefix_lens, *, mask_kind="tree", mask_dtype=torch.uint8, qo_dtype=torch.int32,
-               device="cuda", seed=0, pool_extra=1000):
+               device="cuda", seed=0, pool_extra=1000, slots="random"):
     g = torch.Generator(device="cpu").manual_seed(seed)
     T = B * n
     q = torch.randn(T, H, 576, generator=g).to(torch.bfloat16).to(device)
@@ -48,7 +74,7 @@ def make_batch(B, H, n, prefix_lens, *, mask_kind="tree", mask_dtype=torch.uint8
     total = sum(prefix_lens)
     N = total + pool_extra
     kv = torch.randn(N, 1, 576, generator=g).to(torch.bfloat16).to(device)
-    perm = torch.randperm(N, generator=g)[:total]
+    perm = slot_order(slots, total, N, torch.randperm(N, generator=g)[:total], seed)
     kv_indices = torch.cat([perm, torch.randint(0, N, (17,), generator=g)]).to(torch.int64).to(device)
     kv_indptr = torch.tensor([0] + list(torch.tensor(prefix_lens).cumsum(0).tolist()), dtype=torch.int32, device=device)
     qo_indptr = (torch.arange(B + 1) * n).to(qo_dtype).to(device)
@@ -160,7 +186,7 @@ def time_graph(fn, iters=50):
     return statistics.median(events[i].elapsed_time(events[i + 1]) * 1000 for i in range(iters))
 
 
-def timings(with_triton=True, configs=("auto",), shapes=None):
+def timings(with_triton=True, configs=("auto",), shapes=None, slots="random"):
     shapes = shapes or [(1, 8, 16, 1024), (1, 8, 16, 8192), (8, 8, 16, 8192), (32, 8, 16, 8192), (1, 8, 16, 32768),
               (32, 16, 64, 8192), (8, 16, 64, 32768), (1, 8, 8, 32768), (32, 8, 8, 32768),
               # plans of at most two parts a request, uniform and ragged (L: the prefixes; one long
@@ -173,7 +199,7 @@ def timings(with_triton=True, configs=("auto",), shapes=None):
     for B, H, n, L in shapes:
         prefixes = L if isinstance(L, list) else [L] * B
         L = max(prefixes)
-        a = make_batch(B, H, n, prefixes, seed=7, pool_extra=L)
+        a = make_batch(B, H, n, prefixes, seed=7, pool_extra=L, slots=slots)
         out = torch.empty(B * n, H * 512, dtype=torch.bfloat16, device="cuda")
         t_cfg = {}
         for cfg in configs:
@@ -198,7 +224,7 @@ def timings(with_triton=True, configs=("auto",), shapes=None):
         flops = 2 * n * H * sum(x + n for x in prefixes) * 1088
         byts = sum(x + n for x in prefixes) * 1152 + B * n * H * (1152 + 1024)
         ragged = len(set(prefixes)) > 1
-        row = dict(B=B, H=H, n=n, L=L, prefixes=prefixes if ragged else None, ours_us=t_ours, triton_us=t_tri,
+        row = dict(B=B, H=H, n=n, L=L, prefixes=prefixes if ragged else None, slots=slots, ours_us=t_ours, triton_us=t_tri,
                    speedup=t_tri / t_ours,
                    tflops=flops / t_ours / 1e6, tbps=byts / t_ours / 1e6, diff_vs_triton=d,
                    by_config={str(c): t for c, t in t_cfg.items()})
@@ -221,6 +247,8 @@ def main():
     ap.add_argument("--configs", default="auto",
                     help="KDTREE_KERNEL values to time, e.g. portable,hopper")
     ap.add_argument("--shapes", help="'B,H,n,L;...': time these uniform shapes instead of the built-in list")
+    ap.add_argument("--slots", choices=SLOT_LAYOUTS, default="random",
+                    help="the timed batches' prefix slots: random (default), contiguous or runs of 1-300")
     args = ap.parse_args()
     t0 = time.time()
     if args.profile_shape:
@@ -247,7 +275,7 @@ def main():
     ok, corr = correctness(args.small)
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
     shapes = [shape_arg(x) for x in args.shapes.split(";") if x.strip()] if args.shapes else None
-    tim = [] if args.small else timings(not args.no_triton, configs, shapes)
+    tim = [] if args.small else timings(not args.no_triton, configs, shapes, args.slots)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(), correctness=corr, timings=tim), f, indent=1)
