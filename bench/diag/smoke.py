@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -25,6 +26,7 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 from kdtree_backend.kernel.ops import verify_attention  # noqa: E402
+from kdtree_backend.testing.batches import slot_runs  # noqa: E402
 
 
 def shape_arg(spec: str) -> tuple:
@@ -47,22 +49,15 @@ def slot_order(layout: str, total: int, pool: int, perm: torch.Tensor, seed: int
     permutation's first `total`); "contiguous" is 0, 1, ... (SGLang's page size 64, or a fresh
     page-size-1 pool: every request's prefix one run); "runs" cuts the pool into runs of 1-300
     consecutive slots in a random order (a page-size-1 pool after some traffic: prefill prefixes are
-    runs, journal m22). Drawn from a generator of their own, so the batch's other inputs do not change
-    with the layout."""
+    runs, journal m22; the test batches' `slot_runs`). Drawn from a generator of their own, so the
+    batch's other inputs do not change with the layout."""
     if layout == "random":
         return perm
     if layout == "contiguous":
         return torch.arange(total, dtype=perm.dtype)
     if layout != "runs":
         raise ValueError(f"slot layout must be one of {SLOT_LAYOUTS}, got {layout!r}")
-    g = torch.Generator(device="cpu").manual_seed(seed + 7919)
-    cuts, at = [], 0
-    while at < pool:
-        m = min(int(torch.randint(1, 301, (1,), generator=g)), pool - at)
-        cuts.append(torch.arange(at, at + m, dtype=perm.dtype))
-        at += m
-    order = torch.randperm(len(cuts), generator=g).tolist()
-    return torch.cat([cuts[i] for i in order])[:total]
+    return slot_runs(0, pool, random.Random(seed + 7919))[:total].to(perm.dtype)
 
 
 def make_batch(B, H, n, prefix_lens, *, mask_kind="tree", mask_dtype=torch.uint8, qo_dtype=torch.int32,

@@ -35,6 +35,19 @@ def random_tree_parents(n: int, rng: random.Random) -> list:
     return [-1] + [rng.randrange(c) for c in range(1, n)]
 
 
+def slot_runs(first: int, end: int, rng: random.Random) -> torch.Tensor:
+    """The slots [first, end) cut into runs of 1-300 consecutive slots, the runs shuffled: a
+    page-size-1 pool after some traffic, where each prefill's prefix is a run or a few (SGLang's
+    allocator hands out the head of its sorted free list; journal m22). int64, on the CPU."""
+    cuts, at = [], first
+    while at < end:
+        step = min(end - at, rng.randint(1, 300))
+        cuts.append(torch.arange(at, at + step, dtype=torch.long))
+        at += step
+    rng.shuffle(cuts)
+    return torch.cat(cuts)
+
+
 def ancestor_matrix(parents: Sequence[int]) -> torch.Tensor:
     """[n, n] bool: A[i, c] iff c is i or an ancestor of i (one row of the FULL_MASK draft block)."""
     n = len(parents)
@@ -246,13 +259,7 @@ def make_verify_batch(
     if slot_layout == "scattered":
         perm = torch.randperm(N - 1, generator=gen, device=device)[:total_prefix] + 1
     elif slot_layout == "runs":  # the pool [1, N) cut into runs of 1-300 slots, the runs shuffled
-        cuts, at = [], 1
-        while at < N:
-            step = min(N - at, rng.randint(1, 300))
-            cuts.append(torch.arange(at, at + step, dtype=torch.long))
-            at += step
-        rng.shuffle(cuts)
-        perm = torch.cat(cuts)[:total_prefix].to(device)
+        perm = slot_runs(1, N, rng)[:total_prefix].to(device)
     elif slot_layout == "contiguous":  # each request's prefix in one run: slots 1, 2, ... in request order
         perm = torch.arange(1, total_prefix + 1, dtype=torch.long, device=device)
     else:
