@@ -566,11 +566,14 @@ def test_driver_ab_passes_slot_layouts_and_refuses_others(drv, capsys):
 
 
 def test_driver_and_smoke_agree_on_slot_layouts(drv):
+    """One list of slot layouts: the benchmark's --slots, which the driver's ab slots= and smoke.py's
+    --slots both take."""
     import ast
+    bv = _load("bench/bench_verify.py", "_kdtree_bench_verify_slots")
+    assert drv.SLOT_ORDERS == bv.SLOT_ORDERS == ("random", "contiguous", "runs")
     tree = ast.parse((ROOT / "bench/diag/smoke.py").read_text())
-    smoke_layouts = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                         and any(getattr(t, "id", "") == "SLOT_LAYOUTS" for t in n.targets))
-    assert tuple(smoke_layouts) == drv.SLOT_LAYOUTS
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "bench.bench_verify"
+               and [a.name for a in n.names] == ["SLOT_ORDERS"] for n in tree.body)
 
 
 def test_smoke_slot_layouts_keep_the_batch_and_make_runs():

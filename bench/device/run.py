@@ -68,6 +68,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+from bench.bench_verify import SLOT_ORDERS  # noqa: E402  (ab's slots=: smoke.py --slots takes the same; stdlib only)
 KERNEL_PATHS = ("hopper", "portable", "portable-tiled")
 # "both": the two paths an H200 serves by default (portable-tiled, the other GPUs' fallback, by name).
 DEFAULT_PATHS = ("hopper", "portable")
@@ -97,8 +99,6 @@ DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": 
                    "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False), "stamps": (120.0, False)}
 # the kernel paths whose tile loops stamp their hand-offs (csrc/common/tile_stamps.cuh)
 STAMP_PATHS = ("portable", "hopper")
-# bench/diag/smoke.py --slots (its SLOT_LAYOUTS; the CPU tests check that the two agree)
-SLOT_LAYOUTS = ("random", "contiguous", "runs")
 STEPS = tuple(DEFAULT_BUDGETS)
 TEST_SUMMARY = r"^(FAILED|ERROR)\b|\d+ (passed|failed|deselected)|no tests ran"
 
@@ -216,8 +216,8 @@ def _check_step(s: Step) -> None:
                 raise UsageError(f"step ab: variant name {v.split('=', 1)[0]!r} (letters, digits, . _ -; not default)")
         if s.option("paths"):
             parse_paths(s.option("paths"))
-        if s.option("slots") and s.option("slots") not in SLOT_LAYOUTS:
-            raise UsageError(f"step ab: slots={s.option('slots')} (one of {', '.join(SLOT_LAYOUTS)})")
+        if s.option("slots") and s.option("slots") not in SLOT_ORDERS:
+            raise UsageError(f"step ab: slots={s.option('slots')} (one of {', '.join(SLOT_ORDERS)})")
     if s.name == "setup" and plain:
         raise UsageError(f"step setup takes no arguments, got {plain}")
 
@@ -447,8 +447,8 @@ def commands_stamps(s: Step, ctx: Context) -> list:
 
 def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
     paths = ctx.paths(s.option("paths") or "hopper")
-    shapes = ["--shapes", s.option("shapes")] if s.option("shapes") else []
-    shapes += ["--slots", s.option("slots")] if s.option("slots") else []
+    smoke_args = ["--shapes", s.option("shapes")] if s.option("shapes") else []
+    smoke_args += ["--slots", s.option("slots")] if s.option("slots") else []
     variants = [a.split("=", 1) for a in s.plain()]
     cmds, libs = [], {"default": None}
     for name, target in variants:
@@ -465,7 +465,7 @@ def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
     for name, lib in libs.items():
         cmds.append(Command(f"smoke timings, {name}", [PYTHON, "bench/diag/smoke.py", "--no-triton", "--configs",
                                                        ",".join(paths), "--json", str(ctx.work / f"ab-{name}.json"),
-                                                       *shapes],
+                                                       *smoke_args],
                             f"ab-{name}.log", share=timing_share, env={"KDTREE_LIB": lib} if lib else {},
                             echo=r"BAD|smoke (PASSED|FAILED)", floor_s=SMOKE_FLOOR_S))
     cmds.append(Command("A/B summary", [], "ab-summary.log", share=0.05,

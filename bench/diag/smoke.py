@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 from kdtree_backend.kernel.ops import verify_attention  # noqa: E402
 from kdtree_backend.testing.batches import slot_runs  # noqa: E402
+from bench.bench_verify import SLOT_ORDERS  # noqa: E402  (the benchmark's --slots; standard library only)
 
 
 def shape_arg(spec: str) -> tuple:
@@ -41,9 +42,6 @@ def shape_batch(spec: str, seed: int) -> tuple:
     return (B, H, n, L), make_batch(B, H, n, [L] * B, seed=seed, pool_extra=L)
 
 
-SLOT_LAYOUTS = ("random", "contiguous", "runs")
-
-
 def slot_order(layout: str, total: int, pool: int, perm: torch.Tensor, seed: int) -> torch.Tensor:
     """The prefix slots, in request order, of a pool of `pool` slots: "random" is `perm` (a random
     permutation's first `total`); "contiguous" is 0, 1, ... (SGLang's page size 64, or a fresh
@@ -56,7 +54,7 @@ def slot_order(layout: str, total: int, pool: int, perm: torch.Tensor, seed: int
     if layout == "contiguous":
         return torch.arange(total, dtype=perm.dtype)
     if layout != "runs":
-        raise ValueError(f"slot layout must be one of {SLOT_LAYOUTS}, got {layout!r}")
+        raise ValueError(f"slot layout must be one of {SLOT_ORDERS}, got {layout!r}")
     return slot_runs(0, pool, random.Random(seed + 7919))[:total].to(perm.dtype)
 
 
@@ -242,7 +240,7 @@ def main():
     ap.add_argument("--configs", default="auto",
                     help="KDTREE_KERNEL values to time, e.g. portable,hopper")
     ap.add_argument("--shapes", help="'B,H,n,L;...': time these uniform shapes instead of the built-in list")
-    ap.add_argument("--slots", choices=SLOT_LAYOUTS, default="random",
+    ap.add_argument("--slots", choices=SLOT_ORDERS, default="random",
                     help="the timed batches' prefix slots: random (default), contiguous or runs of 1-300")
     args = ap.parse_args()
     t0 = time.time()
