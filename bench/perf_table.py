@@ -18,6 +18,10 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# its issue_targets judges a result that predates the summary's "targets" (standard library only)
+from bench import bench_verify  # noqa: E402
+
 BEGIN, END = "<!-- BEGIN perf_table -->", "<!-- END perf_table -->"
 
 
@@ -89,17 +93,6 @@ def _clauses(v: dict, large: str) -> str:
     return "; ".join(parts) or "nothing measured"
 
 
-def _bench_verify():
-    """bench/bench_verify.py (standard library only at import): its issue_targets judges a result
-    that predates the summary's "targets"."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("_kdtree_perf_table_bench_verify", ROOT / "bench" / "bench_verify.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def summary_lines(doc: dict, paths: list) -> list:
     s = doc.get("summary", {})
     lines = []
@@ -108,13 +101,12 @@ def summary_lines(doc: dict, paths: list) -> list:
         tag = "" if len(paths) == 1 else f"{p}, "
         lines.append(f"- {tag}all {ps.get('shapes_with_ours', 0)} shapes: "
                      + _clauses(ps, "large main-grid shapes (B·L >= 256k)"))
-    bv = _bench_verify()
     for p in paths:
         t = s.get("paths", {}).get(p, {}).get("targets")
         if t is None:
-            t = bv.issue_targets(doc["rows"], p)
+            t = bench_verify.issue_targets(doc["rows"], p)
         if t:
-            lines.append(f"- {p}, " + bv.format_targets(t))
+            lines.append(f"- {p}, " + bench_verify.format_targets(t))
     for g, gs in s.get("grids", {}).items():
         if g == "main":
             continue
