@@ -593,3 +593,29 @@ def test_smoke_slot_layouts_keep_the_batch_and_make_runs():
     b = smoke.make_batch(2, 8, 4, [50, 60], device="cpu", seed=1, pool_extra=10)
     assert torch.equal(a["q"], b["q"]) and torch.equal(a["custom_mask"], b["custom_mask"])
     assert not torch.equal(a["kv_indices"][:110], b["kv_indices"][:110])
+
+
+def test_smoke_checks_every_timed_path(monkeypatch):
+    """smoke.py's float64 cases run on each kernel path it times (--configs), not on the GPU's default
+    path: an A/B of portable variants on an H200 (default: the Hopper kernel) must check the portable
+    kernel. Each path's cases run with KDTREE_KERNEL set to it, and the caller's value comes back."""
+    pytest.importorskip("torch")
+    smoke = _load("bench/diag/smoke.py", "_kdtree_smoke_paths")
+    seen = []
+
+    def fake_case(i, case):
+        seen.append((os.environ.get("KDTREE_KERNEL"), i))
+        return i != 3 or os.environ["KDTREE_KERNEL"] != "portable", [dict(case=i)]
+
+    monkeypatch.setattr(smoke, "check_case", fake_case)
+    monkeypatch.setenv("KDTREE_KERNEL", "hopper")
+    ok, rows = smoke.correctness(False, ("portable", "auto"))
+    n = len(seen) // 2
+    assert n >= 5 and seen == [("portable", i) for i in range(n)] + [("auto", i) for i in range(n)]
+    assert not ok  # a bad case on one path fails the run
+    assert [r["config"] for r in rows] == ["portable"] * n + ["auto"] * n
+    assert os.environ["KDTREE_KERNEL"] == "hopper"
+    monkeypatch.delenv("KDTREE_KERNEL")
+    seen.clear()
+    assert smoke.correctness(True, ("portable-tiled",))[0]
+    assert {c for c, _ in seen} == {"portable-tiled"} and "KDTREE_KERNEL" not in os.environ

@@ -15,6 +15,7 @@ apart cross-check each other. The other diagnostics here import it for `make_bat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -117,7 +118,45 @@ def reference(a, k_scale=1.0, v_scale=1.0):
     return out
 
 
-def correctness(small=False):
+@contextlib.contextmanager
+def kernel_path(cfg):
+    """KDTREE_KERNEL set to `cfg` inside the block, restored after: what the op runs on (auto, portable,
+    hopper, portable-tiled)."""
+    old = os.environ.get("KDTREE_KERNEL")
+    os.environ["KDTREE_KERNEL"] = cfg
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("KDTREE_KERNEL", None)
+        else:
+            os.environ["KDTREE_KERNEL"] = old
+
+
+def check_case(i, case):
+    """One correctness case against the float64 reference, at two (k_scale, v_scale) pairs: (all good,
+    one row a pair)."""
+    B, H, n, pl, mk, md, qd = case
+    a = make_batch(B, H, n, pl, mask_kind=mk, mask_dtype=md or torch.uint8, qo_dtype=qd, seed=100 + i)
+    ok, rows = True, []
+    for ks, vs in ((1.0, 1.0), (0.7, 1.3)):  # noqa: B007
+        out = torch.full((B * n, H * 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        verify_attention(**a, out=out, k_scale=ks, v_scale=vs)
+        torch.cuda.synchronize()
+        ref = reference(a, ks, vs)
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        finite = bool(torch.isfinite(out).all())
+        good = finite and err < 1e-2
+        ok &= good
+        rows.append(dict(B=B, H=H, n=n, prefix=pl, mask=mk, k_scale=ks, v_scale=vs, rel_err=err, finite=finite))
+        print(f"{'ok ' if good else 'BAD'} {os.environ.get('KDTREE_KERNEL', 'auto')} B={B} H={H} n={n} prefix={pl[:4]} "
+              f"mask={mk} ks={ks} vs={vs} rel_err={err:.2e} finite={finite}", flush=True)
+    return ok, rows
+
+
+def correctness(small=False, configs=("auto",)):
+    """The cases below on every kernel path in `configs` (the paths timed after them: an A/B of a
+    portable variant checks the portable kernel, not the GPU's default path)."""
     cases = [
         (1, 8, 16, [1000], "tree", torch.uint8, torch.int32),
         (3, 1, 3, [0, 5, 37], "tree", torch.bool, torch.int64),
@@ -140,20 +179,12 @@ def correctness(small=False):
                  (1, 64, 33, [40], "tree", torch.uint8, torch.int32)]
     rows = []
     ok = True
-    for i, (B, H, n, pl, mk, md, qd) in enumerate(cases):
-        a = make_batch(B, H, n, pl, mask_kind=mk, mask_dtype=md or torch.uint8, qo_dtype=qd, seed=100 + i)
-        for ks, vs in ((1.0, 1.0), (0.7, 1.3)):  # noqa: B007
-            out = torch.full((B * n, H * 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-            verify_attention(**a, out=out, k_scale=ks, v_scale=vs)
-            torch.cuda.synchronize()
-            ref = reference(a, ks, vs)
-            err = ((out.double() - ref).norm() / ref.norm()).item()
-            finite = bool(torch.isfinite(out).all())
-            good = finite and err < 1e-2
-            ok &= good
-            rows.append(dict(B=B, H=H, n=n, prefix=pl, mask=mk, k_scale=ks, v_scale=vs, rel_err=err, finite=finite))
-            print(f"{'ok ' if good else 'BAD'} B={B} H={H} n={n} prefix={pl[:4]} mask={mk} ks={ks} vs={vs} "
-                  f"rel_err={err:.2e} finite={finite}", flush=True)
+    for cfg in configs:
+        with kernel_path(cfg):
+            for i, case in enumerate(cases):
+                good, case_rows = check_case(i, case)
+                ok &= good
+                rows += [dict(config=cfg, **r) for r in case_rows]
     return ok, rows
 
 
@@ -196,9 +227,8 @@ def timings(with_triton=True, configs=("auto",), shapes=None, slots="random"):
         out = torch.empty(B * n, H * 512, dtype=torch.bfloat16, device="cuda")
         t_cfg = {}
         for cfg in configs:
-            os.environ["KDTREE_KERNEL"] = cfg
-            t_cfg[cfg] = time_graph(lambda: verify_attention(**a, out=out))
-        os.environ.pop("KDTREE_KERNEL", None)
+            with kernel_path(cfg):
+                t_cfg[cfg] = time_graph(lambda: verify_attention(**a, out=out))
         t_ours = t_cfg[configs[0]]
         t_tri = float("nan")
         if with_triton:
@@ -265,8 +295,9 @@ def main():
             print(f"min_keys sweep B={B} H={H} n={n} L={L}: " + "  ".join(row), flush=True)
         os.environ.pop("KDTREE_MIN_KEYS_PER_SPLIT", None)
         return 0
-    ok, corr = correctness(args.small)
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
+    # --small is compute-sanitizer's run: the caller picks the path by KDTREE_KERNEL (run.py sanitize).
+    ok, corr = correctness(args.small, (os.environ.get("KDTREE_KERNEL", "auto"),) if args.small else configs)
     shapes = [shape_arg(x) for x in args.shapes.split(";") if x.strip()] if args.shapes else None
     tim = [] if args.small else timings(not args.no_triton, configs, shapes, args.slots)
     if args.json:
