@@ -1,5 +1,6 @@
 """Kernel smoke check for one GPU call: correctness on random trees against a float64 torch
-reference, then CUDA-graph timings of a few shapes against SGLang's Triton extend kernel.
+reference (on every kernel path it times), then CUDA-graph timings of a few shapes against SGLang's
+Triton extend kernel.
 
     python bench/diag/smoke.py [--no-triton] [--configs portable,hopper] [--json out.json]
 
@@ -15,7 +16,6 @@ apart cross-check each other. The other diagnostics here import it for `make_bat
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 from kdtree_backend.kernel.ops import verify_attention  # noqa: E402
 from kdtree_backend.testing.batches import slot_runs  # noqa: E402
-from bench.bench_verify import SLOT_ORDERS  # noqa: E402  (the benchmark's --slots; standard library only)
+# the benchmark's --slots and its KDTREE_KERNEL switch (bench_verify imports the standard library only)
+from bench.bench_verify import SLOT_ORDERS, kernel_path  # noqa: E402
 
 
 def shape_arg(spec: str) -> tuple:
@@ -116,21 +117,6 @@ def reference(a, k_scale=1.0, v_scale=1.0):
             "nhc,cd->nhd", p[..., P:], Kd[:, :512])
         out[q0:q1] = o.reshape(n, H * 512)
     return out
-
-
-@contextlib.contextmanager
-def kernel_path(cfg):
-    """KDTREE_KERNEL set to `cfg` inside the block, restored after: what the op runs on (auto, portable,
-    hopper, portable-tiled)."""
-    old = os.environ.get("KDTREE_KERNEL")
-    os.environ["KDTREE_KERNEL"] = cfg
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("KDTREE_KERNEL", None)
-        else:
-            os.environ["KDTREE_KERNEL"] = old
 
 
 def check_case(i, case):
@@ -296,8 +282,9 @@ def main():
         os.environ.pop("KDTREE_MIN_KEYS_PER_SPLIT", None)
         return 0
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
-    # --small is compute-sanitizer's run: the caller picks the path by KDTREE_KERNEL (run.py sanitize).
-    ok, corr = correctness(args.small, (os.environ.get("KDTREE_KERNEL", "auto"),) if args.small else configs)
+    # --small is compute-sanitizer's run: the caller picks the path by KDTREE_KERNEL (run.py sanitize);
+    # "auto" (kernel_path leaves the environment as it is) runs the cases on that path.
+    ok, corr = correctness(args.small, ("auto",) if args.small else configs)
     shapes = [shape_arg(x) for x in args.shapes.split(";") if x.strip()] if args.shapes else None
     tim = [] if args.small else timings(not args.no_triton, configs, shapes, args.slots)
     if args.json:
