@@ -282,9 +282,8 @@ def main():
         os.environ.pop("KDTREE_MIN_KEYS_PER_SPLIT", None)
         return 0
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
-    # --small is compute-sanitizer's run: the caller picks the path by KDTREE_KERNEL (run.py sanitize);
-    # "auto" (kernel_path leaves the environment as it is) runs the cases on that path.
-    ok, corr = correctness(args.small, ("auto",) if args.small else configs)
+    # "auto" (the default) leaves KDTREE_KERNEL as the caller set it: run.py sanitize picks --small's path so.
+    ok, corr = correctness(args.small, configs)
     shapes = [shape_arg(x) for x in args.shapes.split(";") if x.strip()] if args.shapes else None
     tim = [] if args.small else timings(not args.no_triton, configs, shapes, args.slots)
     if args.json:
