@@ -5,6 +5,7 @@
     python -m kdtree_backend.build --no-ptx        # machine code only (no JIT fallback for newer GPUs)
     python -m kdtree_backend.build --check         # also fail on spills / missing archs
     python -m kdtree_backend.build --profiler      # diagnostics: milestone stamps (bench/diag/timeline.py)
+    python -m kdtree_backend.build --pipe-factor 3 # diagnostics: the portable kernels on an sm_120-like tensor pipe
 
 The build is a plain nvcc command (no CMake, no torch extension): the library is loaded with
 ctypes, links the CUDA runtime statically and exports a C ABI (csrc/kdtree_api.h), so one .so
@@ -44,6 +45,29 @@ STRICT_SPILL_ARCHS = (100, 120)
 # instead of as hundreds of ptxas errors (the kernels need sm_90+ instructions and their shared memory).
 SUPPORTED_ARCHS = (90, 100, 120)
 PROFILER_FLAGS = ("-DKDTREE_PROFILER",)
+# The diagnostics build of journal m27: every portable mma.sync costs the tensor pipe F times its time
+# (exact results; csrc/portable/mma.cuh), the regime of sm_120's slower mma.sync, measured on the H200.
+MAX_PIPE_FACTOR = 8
+
+
+def pipe_factor_flags(factor: int) -> tuple[str, ...]:
+    """The nvcc flags of a --pipe-factor build (none for 1, the release form); BuildError otherwise."""
+    if isinstance(factor, bool) or not isinstance(factor, int) or not 1 <= factor <= MAX_PIPE_FACTOR:
+        raise BuildError(f"pipe factor {factor!r}: an integer from 1 (release) to {MAX_PIPE_FACTOR}")
+    return () if factor == 1 else (f"-DKDTREE_PIPE_FACTOR={factor}",)
+
+
+def diagnostics_suffix(extra: tuple[str, ...]) -> str:
+    """What the library's version string adds for a diagnostics build, so doctor and the start-up line
+    show it: "+profiler", "+pipeF"; empty for a release build."""
+    out = ""
+    if "-DKDTREE_PROFILER" in extra:
+        out += "+profiler"
+    for f in extra:
+        m = re.fullmatch(r"-DKDTREE_PIPE_FACTOR=(\d+)", f)
+        if m:
+            out += f"+pipe{m.group(1)}"
+    return out
 
 
 class BuildError(RuntimeError):
@@ -198,7 +222,7 @@ def api_object_command(nvcc: str, out_obj: Path, archs: tuple[int, ...], hopper:
     """Compile the C API as host C++ (`-x c++`: it holds no device code, so it adds no device image),
     with the archs, the PTX arch and the version it reports, and the Hopper dispatch when that kernel
     is built."""
-    lib_version = f"{_package_version()}+src.{source_digest()}"
+    lib_version = f"{_package_version()}+src.{source_digest()}{diagnostics_suffix(tuple(extra))}"
     return [
         nvcc,
         "-x",
@@ -279,23 +303,26 @@ def parse_ptxas(log: str) -> list[KernelResources]:
 
 
 def build_library(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose: bool = False,
-                  check: bool = False, profiler: bool = False, ptx: bool = True) -> Path:
+                  check: bool = False, profiler: bool = False, ptx: bool = True, pipe_factor: int = 1) -> Path:
     """Compile the library; returns its path. Raises BuildError with nvcc's output on failure."""
-    return build(out, archs, extra_flags=extra_flags, verbose=verbose, check=check, profiler=profiler, ptx=ptx).path
+    return build(out, archs, extra_flags=extra_flags, verbose=verbose, check=check, profiler=profiler, ptx=ptx,
+                 pipe_factor=pipe_factor).path
 
 
 def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose: bool = False,
-          check: bool = False, profiler: bool = False, ptx: bool = True) -> BuildReport:
+          check: bool = False, profiler: bool = False, ptx: bool = True, pipe_factor: int = 1) -> BuildReport:
     """Compile the library for `archs` (default 90, 100, 120) with the newest one's PTX (`ptx`:
     ptx_arch_for). `profiler`: the diagnostics build, whose
     Hopper kernel stamps its milestones and which exports kdtree_timeline_copy (csrc/common/profiler.cuh,
-    bench/diag/timeline.py); never ship it. `extra_flags` go to every nvcc call."""
+    bench/diag/timeline.py); never ship it. `pipe_factor` F > 1: the diagnostics build whose portable
+    mma.sync each cost the tensor pipe F times (journal m27; never ship it). `extra_flags` go to every
+    nvcc call."""
     archs = check_archs(archs or DEFAULT_ARCHS)
     ptx_arch = ptx_arch_for(archs, ptx)
     nvcc = find_nvcc()
     if nvcc is None:
         raise BuildError("nvcc not found: install the CUDA toolkit (13.0 is tested) or set NVCC=/path/to/nvcc")
-    extra_flags = tuple(extra_flags) + (PROFILER_FLAGS if profiler else ())
+    extra_flags = tuple(extra_flags) + (PROFILER_FLAGS if profiler else ()) + pipe_factor_flags(pipe_factor)
     out = Path(out) if out is not None else DEFAULT_OUTPUT
     out.parent.mkdir(parents=True, exist_ok=True)
     # Compile next to the target, then rename: a process loading the old library never sees a
@@ -386,11 +413,14 @@ def main(argv=None) -> int:
                     help="machine code only: no PTX of the newest arch for the driver to JIT-compile on newer GPUs")
     ap.add_argument("--profiler", action="store_true",
                     help="diagnostics build: milestone stamps + kdtree_timeline_copy (bench/diag/timeline.py); never ship it")
+    ap.add_argument("--pipe-factor", type=int, default=1, metavar="F",
+                    help="diagnostics build: every portable mma.sync costs the tensor pipe F times (exact results), "
+                         "sm_120's regime on an H200 at F = 3 (journal m27); never ship it")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
         report = build(args.out, args.arch, verbose=not args.quiet, check=args.check, profiler=args.profiler,
-                       ptx=not args.no_ptx)
+                       ptx=not args.no_ptx, pipe_factor=args.pipe_factor)
     except BuildError as e:
         print(f"kdtree-backend build: {e}", file=sys.stderr)
         return 1

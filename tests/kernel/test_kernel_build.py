@@ -314,12 +314,13 @@ def test_release_sources_have_no_experiment_switches():
     preprocessor conditionals in csrc/ are the product variant (KDTREE_WITH_HOPPER), arch guards
     (__CUDA_ARCH__, __CUDA_ARCH_FEAT_SM<n>_ALL), the C header's __cplusplus, the build-provided strings of the C API, and the
     diagnostics build's two headers (common/profiler.cuh: the Hopper kernel's CTA milestones, defined in its translation
-    unit; common/tile_stamps.cuh: the per-tile stamps, a record in each kernel's translation unit)."""
+    unit; common/tile_stamps.cuh: the per-tile stamps, a record in each kernel's translation unit) and the pipe-factor
+    diagnostics build's mma.sync (portable/mma.cuh, journal m27: 1 in a release build)."""
     import re
 
     allowed = {"KDTREE_WITH_HOPPER", "__CUDA_ARCH__", "__cplusplus"}
     per_file = {"kdtree_api.cu": {"KDTREE_BUILT_ARCHS", "KDTREE_PTX_ARCH", "KDTREE_LIBRARY_VERSION"}, "common/profiler.cuh": {"KDTREE_PROFILER"},
-                "common/tile_stamps.cuh": {"KDTREE_PROFILER"}}
+                "common/tile_stamps.cuh": {"KDTREE_PROFILER"}, "portable/mma.cuh": {"KDTREE_PIPE_FACTOR"}}
     found = {}
     for path in build.source_files():
         rel = path.relative_to(build.CSRC_DIR).as_posix()
@@ -354,6 +355,44 @@ def test_profiler_build_exports_its_reader_and_the_release_build_does_not(report
     assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_tile_stamps_copy")
     assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_hopper_tile_stamps_copy")
     assert "-DKDTREE_PROFILER" not in report.command
+
+
+def test_pipe_factor_build_multiplies_the_portable_mma_and_says_so(report, tmp_path):
+    """The sm_120-regime diagnostics build (journal m27): every portable mma.sync is followed by F - 1
+    zero-B ones (the tensor pipe spends F times its time; results stay exact), the Hopper kernel is
+    untouched, and the library's version names the build so doctor and the start-up line show it. The
+    release build has exactly one mma per product (test_portable_tile_loop_exists_once) and no suffix."""
+    diag = build.build(tmp_path / abi.LIB_FILENAME, archs=(90,), ptx=False, pipe_factor=3)
+    assert "-DKDTREE_PIPE_FACTOR=3" in diag.command and "-DKDTREE_PIPE_FACTOR=3" not in report.command
+    tiled = [v for k, v in _sass(diag, "sm_90").items() if k.startswith("_ZN6kdtree23verify_attention_kernel")]
+    assert len(tiled) == 2 and all(sum("HMMA.16816" in ln for ln in v) == 3 * (72 + 64) for v in tiled)
+    release_ws = [v for k, v in _sm90a_sass(report).items() if "verify_ws_kernel" in k]
+    diag_ws = [v for k, v in _sm90a_sass(diag).items() if "verify_ws_kernel" in k]
+    assert len(release_ws) == len(diag_ws) == 2
+    assert sorted(sum("HMMA.16816" in ln for ln in v) for v in diag_ws) == sorted(
+        3 * sum("HMMA.16816" in ln for ln in v) for v in release_ws)
+    def hgmma(rep):
+        return sorted(sum("HGMMA" in ln for ln in v) for k, v in _sm90a_sass(rep).items() if "hopper" in k)
+
+    assert hgmma(diag) == hgmma(report)
+    for path, suffix in ((diag.path, "+pipe3"), (report.path, "")):
+        lib = ctypes.CDLL(str(path))
+        abi.declare_signatures(lib)
+        version = lib.kdtree_library_version().decode()
+        assert version.endswith(suffix) and ("+pipe" in version) == bool(suffix), version
+
+
+@pytest.mark.parametrize("factor", [0, 9, -1, 2.5, True, "3"])
+def test_pipe_factor_outside_one_to_eight_is_refused(factor):
+    with pytest.raises(build.BuildError, match="pipe factor"):
+        build.pipe_factor_flags(factor)
+
+
+def test_diagnostics_suffix_names_each_diagnostics_build():
+    assert build.diagnostics_suffix(()) == ""
+    assert build.diagnostics_suffix(("-DKDTREE_PROFILER",)) == "+profiler"
+    assert build.diagnostics_suffix(build.PROFILER_FLAGS + build.pipe_factor_flags(3)) == "+profiler+pipe3"
+    assert build.pipe_factor_flags(1) == ()
 
 
 def test_tile_stamp_record_is_what_bench_tile_timeline_reads():

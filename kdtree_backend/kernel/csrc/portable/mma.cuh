@@ -30,6 +30,17 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, u
                : "r"(addr));
 }
 
+// Diagnostics build only (`python -m kdtree_backend.build --pipe-factor F`, journal m27; never ship it):
+// each mma is followed by F - 1 more on the same accumulator with B = 0 (D + A x 0 = D for finite A:
+// results stay exact), so the tensor pipe spends F times its time while every load, barrier and
+// softmax stays as it is. sm_120's mma.sync retires ~2.5-3x fewer FLOP per SM-clock than the H200's:
+// F = 3 puts the portable kernels in that regime on the H200 (docs/kernel/portable.md). The extras
+// share the accumulator, so a warp with few chains (the QK warps' 4) is slightly pessimistic at F = 2.
+#ifndef KDTREE_PIPE_FACTOR
+#define KDTREE_PIPE_FACTOR 1
+#endif
+static_assert(KDTREE_PIPE_FACTOR >= 1 && KDTREE_PIPE_FACTOR <= 8, "KDTREE_PIPE_FACTOR: 1 (release) to 8");
+
 // D += A(16x16, row) * B(16x8, col); bf16 inputs, fp32 accumulators. Not volatile: it only
 // reads and writes registers, so the compiler may interleave independent mma chains.
 __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -38,6 +49,17 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#if KDTREE_PIPE_FACTOR > 1
+#pragma unroll
+  for (int k = 1; k < KDTREE_PIPE_FACTOR; ++k) {
+    uint32_t z;
+    asm volatile("mov.b32 %0, 0;\n" : "=r"(z));  // a zero the compiler cannot fold the mma away with
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%8}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(z));
+  }
+#endif
 }
 
 }  // namespace kdtree
