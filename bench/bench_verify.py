@@ -42,6 +42,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -360,6 +361,26 @@ def _grid_summary(rows: list, p: str) -> dict:
         "max_pct_mma_sync": _max(col("pct_mma_sync")),
         "large_shapes_min_pct_matmul": _min(col("pct_matmul", large)),
     }
+
+
+def pipe_factor_of(version) -> int:
+    """F of a `--pipe-factor F` diagnostics library (its version ends in "+pipeF", journal m27), else 1."""
+    m = re.search(r"\+pipe(\d+)", version or "")
+    return int(m.group(1)) if m else 1
+
+
+def emulated_pipe_summary(rows: list, p: str, factor: int) -> dict:
+    """Under a --pipe-factor F library every portable mma.sync costs the tensor pipe F times: the share of
+    the (slowed) pipe the kernel keeps busy is F x its % of the measured mma.sync peak. F ~2.5-3 is
+    sm_120's mma.sync rate per SM-clock against the H200's (docs/kernel/portable.md)."""
+    def pct(r):
+        v = r.get("paths", {}).get(p, {}).get("pct_mma_sync")
+        return factor * v if v is not None else None
+
+    by_shape = {r["label"]: pct(r) for r in rows if pct(r) is not None}
+    large = [pct(r) for r in rows if is_large(_shape_of(r))]
+    return {"factor": factor, "path": p, "what": "F x % of the mma.sync peak: the slowed pipe's busy share",
+            "pct_by_shape": by_shape, "large_shapes_min_pct": _min(large), "large_shapes_max_pct": _max(large)}
 
 
 def summarize(rows: list, ceil: dict, paths=("ours",)) -> dict:
@@ -1066,9 +1087,17 @@ def main(argv=None) -> int:
 
     rows, skipped = [], []
 
+    factor = pipe_factor_of((env.get("kdtree_library") or {}).get("version") if isinstance(env.get("kdtree_library"), dict) else "")
+    portable = [p for p in paths if p == "portable" or (p == "ours" and env.get("kernel") == "portable")]
+    if factor > 1:
+        print(f"note: a --pipe-factor {factor} diagnostics library: each portable mma.sync costs the pipe {factor}x "
+              f"(times are not the release kernel's; the slowed pipe's busy share = {factor} x % of mma.sync)", flush=True)
+
     def write_document():
         summary = summarize(rows, ceil, paths)
         summary["skipped_for_time"] = skipped
+        if factor > 1:
+            summary["emulated_pipe"] = {p: emulated_pipe_summary(rows, p, factor) for p in portable}
         doc = make_document(rows, ceil, summary, argv_used, env, paths)
         doc["grid"] = "shapes" if args.shapes else args.grid
         doc["impls"] = impls
@@ -1093,6 +1122,9 @@ def main(argv=None) -> int:
     print(format_table(rows, paths))
     print()
     print(format_summary(summary, paths))
+    for p, em in summary.get("emulated_pipe", {}).items():
+        print(f"[{p}] --pipe-factor {em['factor']} library: the slowed pipe busy {_f(em['large_shapes_min_pct'], '.1f')}-"
+              f"{_f(em['large_shapes_max_pct'], '.1f')}% on the large shapes (F x % of mma.sync)")
     if skipped:
         print(f"skipped for time: {len(skipped)} shapes")
     print(f"JSON: {out_path}")

@@ -603,6 +603,24 @@ def test_bench_per_path_and_per_grid_summaries():
     assert bv.doc_paths(doc) == paths
 
 
+def test_bench_emulated_pipe_of_a_pipe_factor_library():
+    """A `--pipe-factor F` library (journal m27) names itself "+pipeF" in its version; the benchmark then
+    reports the portable path's busy share of the slowed pipe, F x its % of the mma.sync peak."""
+    bv = _load_bench("bench_verify")
+    assert bv.pipe_factor_of("0.1.0+src.abc123+pipe3") == 3
+    assert bv.pipe_factor_of("0.1.0+src.abc123+profiler+pipe2") == 2
+    assert bv.pipe_factor_of("0.1.0+src.abc123") == 1 and bv.pipe_factor_of(None) == 1
+    ceil = {"copy_tbps": 4.25, "matmul_tflops": 790.0, "mma_sync_tflops": 645.0}
+    paths = ["hopper", "portable"]
+    rows = [bv.finish_row(r, ceil, paths) for r in _fake_rows(bv, grid="main", paths=paths)]
+    em = bv.emulated_pipe_summary(rows, "portable", 3)
+    assert em["factor"] == 3 and len(em["pct_by_shape"]) == len(rows)
+    r = rows[0]
+    assert em["pct_by_shape"][r["label"]] == pytest.approx(3 * r["paths"]["portable"]["pct_mma_sync"])
+    large = [3 * x["paths"]["portable"]["pct_mma_sync"] for x in rows if x["shape"]["B"] * x["shape"]["L"] >= 256 * 1024]
+    assert em["large_shapes_min_pct"] == pytest.approx(min(large)) and em["large_shapes_max_pct"] == pytest.approx(max(large))
+
+
 def test_bench_issue_targets():
     """The open issues' bars per path, judged on one run: issue 25's for the portable path, 26's for
     the Hopper path; a grid not run leaves its bars unjudged (None), not failed; the summary carries
