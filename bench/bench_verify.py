@@ -1087,7 +1087,8 @@ def main(argv=None) -> int:
 
     rows, skipped = [], []
 
-    factor = pipe_factor_of((env.get("kdtree_library") or {}).get("version") if isinstance(env.get("kdtree_library"), dict) else "")
+    lib_info = env.get("kdtree_library")
+    factor = pipe_factor_of(lib_info.get("version") if isinstance(lib_info, dict) else "")
     portable = [p for p in paths if p == "portable" or (p == "ours" and env.get("kernel") == "portable")]
     if factor > 1:
         print(f"note: a --pipe-factor {factor} diagnostics library: each portable mma.sync costs the pipe {factor}x "

@@ -108,6 +108,7 @@ class FakeLibs:
     wrong_abi: Path  # reports abi.ABI_VERSION + 1
     sm120_only: Path  # built for sm_120 only (an H200, 9.0, is not covered)
     with_ptx: Path  # built for sm_90, sm_100, sm_120 + compute_120 PTX (the default build's shape)
+    diagnostics: Path  # as good, its version naming a --pipe-factor 3 diagnostics build ("+pipe3")
     not_elf: Path  # a text file named like a library: dlopen fails
     missing: Path  # does not exist
 
@@ -135,15 +136,19 @@ def fake_libs(tmp_path_factory) -> FakeLibs:
         wrong_abi=d / "wrong_abi" / abi.LIB_FILENAME,
         sm120_only=d / "sm120_only" / abi.LIB_FILENAME,
         with_ptx=d / "with_ptx" / abi.LIB_FILENAME,
+        diagnostics=d / "diagnostics" / abi.LIB_FILENAME,
         not_elf=d / "not_elf" / abi.LIB_FILENAME,
         missing=d / "missing" / abi.LIB_FILENAME,
     )
-    for p in (libs.good, libs.missing_symbol, libs.wrong_abi, libs.sm120_only, libs.with_ptx, libs.not_elf):
+    for p in (libs.good, libs.missing_symbol, libs.wrong_abi, libs.sm120_only, libs.with_ptx, libs.diagnostics,
+              libs.not_elf):
         p.parent.mkdir()
     _gcc(src, libs.good, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,120"')
     _gcc(src, libs.missing_symbol, f"-DFAKE_ABI_VERSION={v}", "-DOMIT_VERIFY_RUN")
     _gcc(src, libs.wrong_abi, f"-DFAKE_ABI_VERSION={v + 1}")
     _gcc(src, libs.sm120_only, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="120"')
     _gcc(src, libs.with_ptx, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,100,120"', "-DFAKE_PTX_ARCH=120")
+    _gcc(src, libs.diagnostics, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,120"',
+         '-DFAKE_VERSION="0.1.0+src.fake+pipe3"')
     libs.not_elf.write_text("this is a text file, not a shared library\n")
     return libs

@@ -48,6 +48,19 @@ def test_validate_with_a_good_library_and_a_covered_gpu_is_ok(fake_libs):
     assert "entry point" in out and "(installed)" in out
 
 
+def test_a_diagnostics_library_is_flagged(fake_libs):
+    # A --pipe-factor build loads and runs (correct, slowed on purpose): doctor says so, it is not an error.
+    env = clean_env(KDTREE_VERIFY="validate", KDTREE_LIB=str(fake_libs.diagnostics), KDTREE_TESTING="1",
+                    KDTREE_FAKE_GPU_CAPABILITY="9.0")
+    proc = _doctor(env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "version 0.1.0+src.fake+pipe3" in proc.stdout
+    assert "WARNING: a diagnostics build (pipe3)" in proc.stdout and "never serve with it" in proc.stdout
+    good = _doctor(clean_env(KDTREE_VERIFY="validate", KDTREE_LIB=str(fake_libs.good), KDTREE_TESTING="1",
+                             KDTREE_FAKE_GPU_CAPABILITY="9.0"))
+    assert "diagnostics build" not in good.stdout
+
+
 def test_on_without_a_gpu_fails(fake_libs):
     env = clean_env(KDTREE_VERIFY="on", KDTREE_LIB=str(fake_libs.good), KDTREE_TESTING="1",
                     KDTREE_FAKE_GPU_CAPABILITY="none")

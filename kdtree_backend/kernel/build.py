@@ -319,10 +319,11 @@ def build(out: Path | str | None = None, archs=None, *, extra_flags=(), verbose:
     nvcc call."""
     archs = check_archs(archs or DEFAULT_ARCHS)
     ptx_arch = ptx_arch_for(archs, ptx)
+    diagnostics = (PROFILER_FLAGS if profiler else ()) + pipe_factor_flags(pipe_factor)  # refused before nvcc
     nvcc = find_nvcc()
     if nvcc is None:
         raise BuildError("nvcc not found: install the CUDA toolkit (13.0 is tested) or set NVCC=/path/to/nvcc")
-    extra_flags = tuple(extra_flags) + (PROFILER_FLAGS if profiler else ()) + pipe_factor_flags(pipe_factor)
+    extra_flags = tuple(extra_flags) + diagnostics
     out = Path(out) if out is not None else DEFAULT_OUTPUT
     out.parent.mkdir(parents=True, exist_ok=True)
     # Compile next to the target, then rename: a process loading the old library never sees a

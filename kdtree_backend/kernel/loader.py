@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,12 @@ class KernelLibrary:
 
     def code_for(self, capability: Tuple[int, int]) -> Optional["DeviceCode"]:
         return code_for(self.built_archs, self.ptx_arch, capability)
+
+    def diagnostics(self) -> Optional[str]:
+        """What kind of diagnostics build this is (its version names it: "+profiler" stamps the kernels,
+        "+pipeF" costs every portable mma.sync F times, journal m27), or None for a release build."""
+        kinds = re.findall(r"\+(profiler|pipe\d+)\b", self.version or "")
+        return ", ".join(kinds) or None
 
 
 def default_library_path() -> Path:

@@ -58,3 +58,13 @@ def test_profiler_flag_requests_the_diagnostics_build(monkeypatch, tmp_path):
     assert build.main(["--quiet", "--no-ptx"]) == 0
     assert seen["ptx"] is False
     assert build.PROFILER_FLAGS == ("-DKDTREE_PROFILER",)
+    assert seen["pipe_factor"] == 1
+    assert build.main(["--quiet", "--pipe-factor", "3", "--arch", "90"]) == 0
+    assert seen["pipe_factor"] == 3 and seen["profiler"] is False
+
+
+def test_pipe_factor_out_of_range_is_one_line_before_nvcc(monkeypatch, capsys):
+    _no_nvcc(monkeypatch)
+    assert build.main(["--pipe-factor", "9", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pipe factor 9: an integer from 1 (release) to 8" in err[0]

@@ -79,6 +79,16 @@ def test_rebuild_fix_names_what_would_cover_the_gpu(cap, fix):
     assert fix in loader.rebuild_fix(cap)
 
 
+def test_diagnostics_build_is_named_by_its_version(fake_libs):
+    env = {ENV_TESTING: "1", ENV_FAKE_GPU_CAPABILITY: "9.0"}
+    assert loader.load_library(fake_libs.diagnostics, environ=env).diagnostics() == "pipe3"
+    assert loader.load_library(fake_libs.good, environ=env).diagnostics() is None
+    lib = loader.load_library(fake_libs.good, environ=env)
+    for version, kind in (("0.1.0+src.ab12+profiler", "profiler"), ("0.1.0+src.ab12+profiler+pipe2", "profiler, pipe2"),
+                          ("0.1.0+src.ab12", None), ("", None), ("0.1.0+src.pipeline", None)):
+        assert dataclasses.replace(lib, version=version).diagnostics() == kind, version
+
+
 def test_library_with_ptx_covers_newer_gpus(fake_libs):
     env = {ENV_TESTING: "1", ENV_FAKE_GPU_CAPABILITY: "9.0,10.0,12.0,13.0"}
     lib = loader.load_library(fake_libs.with_ptx, environ=env)

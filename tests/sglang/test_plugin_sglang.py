@@ -247,6 +247,19 @@ def test_broken_library_stops_plain_sglang_launch_server(fake_libs, tmp_path):
     assert "no-model" not in proc.stderr  # SGLang never got to its arguments
 
 
+def test_plugin_warns_of_a_diagnostics_library(fake_libs):
+    # A --pipe-factor (or --profiler) library runs correct but slowed or instrumented kernels: the
+    # plugin's start-up says so in one line; a release library gets none.
+    for lib, expect in ((fake_libs.diagnostics, True), (fake_libs.good, False)):
+        env = clean_env(KDTREE_TESTING="1", KDTREE_FAKE_GPU_CAPABILITY="9.0", KDTREE_VERIFY="on", KDTREE_LIB=str(lib))
+        proc = run_python("from sglang.srt.plugins import load_plugins; load_plugins()", env, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [ln for ln in proc.stderr.splitlines() if "is a diagnostics build" in ln]
+        assert len(lines) == int(expect), proc.stderr[-3000:]
+        if expect:
+            assert "(pipe3)" in lines[0] and "never serve with it" in lines[0] and str(lib) in lines[0]
+
+
 def test_plugin_names_a_gpu_that_runs_the_jit_compiled_ptx(fake_libs):
     # A GPU newer than every SASS arch of the library (13.0) runs the portable kernel from its
     # compute_120 PTX: the plugin's start-up says so, per GPU; a GPU with SASS (12.0) gets no line.

@@ -35,7 +35,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, u
 // results stay exact), so the tensor pipe spends F times its time while every load, barrier and
 // softmax stays as it is. sm_120's mma.sync retires ~2.5-3x fewer FLOP per SM-clock than the H200's:
 // F = 3 puts the portable kernels in that regime on the H200 (docs/kernel/portable.md). The extras
-// share the accumulator, so a warp with few chains (the QK warps' 4) is slightly pessimistic at F = 2.
+// share the accumulator: for a warp of few chains (the QK warps' 4) that is pessimistic at F = 2 (m27b:
+// ~6 points of pipe share), not at F = 3.
 #ifndef KDTREE_PIPE_FACTOR
 #define KDTREE_PIPE_FACTOR 1
 #endif
