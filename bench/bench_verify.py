@@ -798,26 +798,34 @@ def _graph_time(torch, calls, args):
 
 
 def flashmla_inputs(torch, batch, s: Shape, gen):
-    """FlashMLA's dense-decode inputs holding the same rows as `batch`: a bf16 cache of 64-token
-    pages scattered at random ([pages, 64, 1, 576]), block_table [B, pages/request] int32 and
-    cache_seqlens [B] int32 = L + n (request b's token t < L is its prefix row
-    kv_cache[kv_indices[kv_indptr[b] + t]], token L + c its draft row k[b*n + c]); FlashMLA's
-    causal rule (query i sees tokens <= L + i) is then the chain mask."""
+    """FlashMLA's dense-decode inputs for a uniform shape: flashmla_inputs_for with every prefix L long."""
+    return flashmla_inputs_for(torch, batch, [s.L] * s.B, s.n, gen)
+
+
+def flashmla_inputs_for(torch, batch, prefixes, n: int, gen):
+    """FlashMLA's dense-decode inputs holding the same rows as `batch` (prefix lengths `prefixes`, n
+    drafts a request): a bf16 cache of 64-token pages scattered at random ([pages, 64, 1, 576]),
+    block_table [B, pages of the longest request] int32 and cache_seqlens [B] int32 = L_b + n
+    (request b's token t < L_b is its prefix row kv_cache[kv_indices[kv_indptr[b] + t]], token L_b + c
+    its draft row k[b*n + c]); FlashMLA's causal rule (query i sees tokens <= L_b + i) is then the
+    chain mask."""
     dev = batch.q.device
-    S = s.L + s.n
-    per = -(-S // PAGE_FLASHMLA)
-    total = s.B * per
+    B = len(prefixes)
+    seq = [int(L) + n for L in prefixes]
+    per = -(-max(seq) // PAGE_FLASHMLA)
+    total = B * per
     pool = total + max(8, total // 8)
     cache = torch.randn(pool, PAGE_FLASHMLA, 1, QK, generator=gen, device=dev).to(torch.bfloat16)
-    block_table = torch.randperm(pool, generator=gen, device=dev)[:total].view(s.B, per).to(torch.int32)
-    tok = torch.arange(S, device=dev)
-    dst = (block_table[:, tok // PAGE_FLASHMLA].long() * PAGE_FLASHMLA + tok % PAGE_FLASHMLA)  # [B, S]
+    block_table = torch.randperm(pool, generator=gen, device=dev)[:total].view(B, per).to(torch.int32)
     flat = cache.view(-1, QK)
     src_cache = batch.kv_cache.reshape(-1, QK)
-    prefix_slots = batch.kv_indices[: s.B * s.L].view(s.B, s.L)
-    flat[dst[:, : s.L].reshape(-1)] = src_cache[prefix_slots.reshape(-1)]
-    flat[dst[:, s.L:].reshape(-1)] = batch.k.reshape(s.B * s.n, QK)
-    seqlens = torch.full((s.B,), S, dtype=torch.int32, device=dev)
+    kv_indptr = [int(x) for x in batch.kv_indptr.tolist()]
+    for b, L in enumerate(int(x) for x in prefixes):
+        tok = torch.arange(L + n, device=dev)
+        dst = block_table[b, tok // PAGE_FLASHMLA].long() * PAGE_FLASHMLA + tok % PAGE_FLASHMLA
+        flat[dst[:L]] = src_cache[batch.kv_indices[kv_indptr[b]: kv_indptr[b] + L].long()]
+        flat[dst[L:]] = batch.k.reshape(B * n, QK)[b * n: (b + 1) * n]
+    seqlens = torch.tensor(seq, dtype=torch.int32, device=dev)
     return cache, block_table, seqlens
 
 

@@ -74,6 +74,7 @@ def test_driver_groups_words_into_steps(drv):
     (["stamps", "portable-tiled", "8,8,65,8192"], "portable or hopper"),
     (["stamps", "hopper"], "stamps PATH SHAPE"),
     (["stamps", "portable", "8x8"], "B,H,n,L"),
+    (["ragged", "ampere"], "step ragged"),
     (["bench", "main", "both"] * 4 + ["modes", "ab", "x=/tmp/x.so", "bench", "quick", "hopper"], "result files"),
 ])
 def test_driver_refuses_bad_command_lines(drv, words, match):
@@ -183,6 +184,12 @@ def test_driver_dry_run_of_the_release_commands(drv, capsys):
                 f"no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k {p} ") in out
     assert "python3 bench/bench_modes.py --json /tmp/out/modes.json --bs 8,128" in out
     assert "back in /tmp/out: modes.json, run.json, logs.tar.gz" in out
+
+
+def test_driver_dry_run_of_the_ragged_batches(drv, capsys):
+    out = _dry(drv, capsys, "setup", "ragged:120", "portable", "--sets", "2", "ragged")
+    assert "python3 bench/diag/ragged.py --paths portable --json /tmp/out/ragged-1.json --sets 2" in out
+    assert "python3 bench/diag/ragged.py --paths hopper,portable --json /tmp/out/ragged-2.json" in out
 
 
 def test_driver_dry_run_of_the_benchmark_command(drv, capsys):

@@ -19,6 +19,8 @@ A step name starts a step and the words after it, up to the next step name, are 
   bench GRID PATHS [OPT ...]   bench/bench_verify.py --grid GRID --paths PATHS, its --time-limit taken from
                                the step's budget; OPTs go to bench_verify.py as they are
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
+  ragged [PATHS] [OPT ...]     bench/diag/ragged.py: ragged batches (requests of different prefix lengths)
+                               on our kernel paths (default hopper,portable) against FlashMLA, float64-checked
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
                                sections, stall reasons, per-instruction (SASS) stall samples as CSV,
                                summed by role, mma loop, sync window and hot block (tools/stall_regions.py)
@@ -46,7 +48,7 @@ there (its build failed) is skipped.
 
 Output: under $OUT (or --out), at most 8 files: run.json (commit, command, each step's and
 command's exit code, seconds and summary lines), logs.tar.gz (every log and file of the work
-directory, rewritten after each step) and the result JSONs (bench-GRID.json, modes.json, ab.json;
+directory, rewritten after each step) and the result JSONs (bench-GRID.json, modes.json, ab.json, ragged.json;
 bench_verify.py rewrites its JSON after every shape). Logs live in --work (default
 /tmp/kdtree-device). --dry-run prints the commands without running anything (no GPU needed).
 """
@@ -96,7 +98,8 @@ NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWork
                 "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SourceCounters")
 # step name -> (default budget in seconds, per kernel path?); None: shares what is left (bench)
 DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": (300.0, True), "bench": (None, False),
-                   "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False), "stamps": (120.0, False)}
+                   "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False), "stamps": (120.0, False),
+                   "ragged": (150.0, False)}
 # the kernel paths whose tile loops stamp their hand-offs (csrc/common/tile_stamps.cuh)
 STAMP_PATHS = ("portable", "hopper")
 STEPS = tuple(DEFAULT_BUDGETS)
@@ -218,6 +221,11 @@ def _check_step(s: Step) -> None:
             parse_paths(s.option("paths"))
         if s.option("slots") and s.option("slots") not in SLOT_ORDERS:
             raise UsageError(f"step ab: slots={s.option('slots')} (one of {', '.join(SLOT_ORDERS)})")
+    if s.name == "ragged" and plain and not plain[0].startswith("-"):
+        try:
+            parse_paths(plain[0])
+        except ValueError as e:
+            raise UsageError(f"step ragged: {e}") from None
     if s.name == "setup" and plain:
         raise UsageError(f"step setup takes no arguments, got {plain}")
 
@@ -228,7 +236,7 @@ def result_file(s: Step, steps: list) -> Optional[str]:
         base = "bench-" + s.plain()[0].replace(",", "-")
         same = [t for t in steps if t.name == "bench" and t.plain()[0] == s.plain()[0]]
         return base + (f"-{same.index(s) + 1}" if len(same) > 1 else "") + ".json"
-    if s.name in ("modes", "ab"):
+    if s.name in ("modes", "ab", "ragged"):
         same = [t for t in steps if t.name == s.name]
         return s.name + (f"-{same.index(s) + 1}" if len(same) > 1 else "") + ".json"
     return None
@@ -394,6 +402,15 @@ def commands_modes(s: Step, ctx: Context, out_name: str) -> list:
                     echo=r"^(mode|stock|off|validate|on)\b|forward_extend per call", echo_last=16)]
 
 
+def commands_ragged(s: Step, ctx: Context, out_name: str) -> list:
+    plain = s.plain()
+    paths = plain[0] if plain and not plain[0].startswith("-") else "hopper,portable"
+    opts = plain[1:] if plain and not plain[0].startswith("-") else plain
+    return [Command("ragged batches vs FlashMLA", [PYTHON, "bench/diag/ragged.py", "--paths", paths, "--json",
+                                                   str(ctx.out / out_name), *opts], "ragged.log",
+                    echo=r"x FlashMLA|geomean|ERROR|Error", echo_last=12)]
+
+
 def commands_profile(s: Step, ctx: Context) -> list:
     path, shape = s.plain()[:2]
     tag = f"{path}-{shape.replace(',', '_')}{_lib_tag(s)}"
@@ -500,8 +517,8 @@ def ab_summary(work: Path, names: list, paths: list, out: Path) -> str:
 def step_commands(s: Step, steps: list, ctx: Context, budget: float) -> list:
     if s.name == "bench":
         cmds = commands_bench(s, ctx, budget, result_file(s, steps))
-    elif s.name in ("modes", "ab"):
-        cmds = {"modes": commands_modes, "ab": commands_ab}[s.name](s, ctx, result_file(s, steps))
+    elif s.name in ("modes", "ab", "ragged"):
+        cmds = {"modes": commands_modes, "ab": commands_ab, "ragged": commands_ragged}[s.name](s, ctx, result_file(s, steps))
     else:
         cmds = {"setup": commands_setup, "tests": commands_tests, "sanitize": commands_sanitize,
                 "profile": commands_profile, "stamps": commands_stamps}[s.name](s, ctx)

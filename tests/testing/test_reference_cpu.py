@@ -935,3 +935,33 @@ def test_bench_pipeline_dry_run_with_fake_gpu(tmp_path, monkeypatch, capsys, cas
         assert set(path_calls) == {"unset"}  # without --paths the environment is left alone
     text = capsys.readouterr().out
     assert "speedup vs Triton" in text and "JSON:" in text and "mma.sync 600 TFLOP/s" in text
+
+
+def test_flashmla_inputs_hold_each_ragged_request_rows():
+    """bench/diag/ragged.py compares our kernel with FlashMLA on ragged batches: FlashMLA's paged cache
+    must hold request b's prefix rows then its draft rows at its own block table, cache_seqlens L_b + n."""
+    bv = _load_bench("bench_verify")
+    prefixes, n, H = [70, 0, 129, 5], 3, 2
+    b = make_verify_batch(prefixes, num_heads=H, draft_lens=n, mask="tree", pool_factor=1.25, extra_indices=64, seed=11)
+    cache, bt, seqlens = bv.flashmla_inputs_for(torch, b, prefixes, n, torch.Generator().manual_seed(1))
+    assert seqlens.tolist() == [L + n for L in prefixes] and bt.shape == (4, -(-(129 + n) // bv.PAGE_FLASHMLA))
+    flat, src = cache.view(-1, bv.QK), b.kv_cache.reshape(-1, bv.QK)
+    kvp = b.kv_indptr.tolist()
+    for r, L in enumerate(prefixes):
+        for t in range(L + n):
+            row = flat[int(bt[r, t // bv.PAGE_FLASHMLA]) * bv.PAGE_FLASHMLA + t % bv.PAGE_FLASHMLA]
+            want = src[int(b.kv_indices[kvp[r] + t])] if t < L else b.k.reshape(-1, bv.QK)[r * n + t - L]
+            assert torch.equal(row, want), (r, t)
+    assert len(set(bt.flatten().tolist())) == bt.numel()  # no page shared between requests
+
+
+def test_ragged_batches_are_named_and_valid():
+    mod = _load_bench("diag/ragged")
+    assert len(mod.RAGGED) >= 6
+    for name, (H, n, prefixes) in mod.RAGGED.items():
+        assert name.startswith(f"B{len(prefixes)} H{H} n{n} "), name
+        assert all(isinstance(L, int) and 0 < L <= 32768 for L in prefixes) and len(set(prefixes)) > 1, name
+    H, n, pre = mod.RAGGED["B8 H8 n65 [32k, 1k x7]"]
+    assert mod.batch_flops(H, n, pre) == pytest.approx(sum(2 * n * H * (L + n) * (576 + 512) for L in pre))
+    with pytest.raises(SystemExit):
+        mod.main(["--batches", "no such batch"])
