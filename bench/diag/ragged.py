@@ -1,7 +1,7 @@
 """Ragged batches against FlashMLA: requests of different prefix lengths in one call, as a serving
 batch has them (bench_verify.py's grids are uniform: every request L long).
 
-    python bench/diag/ragged.py [--paths hopper,portable] [--json out.json] [--batches NAME,...]
+    python bench/diag/ragged.py [--paths hopper,portable] [--json out.json] [--batches 'NAME;NAME']
 
 Each named batch (RAGGED below) is timed on our kernel paths (random tree mask) and on FlashMLA (the
 same rows as causal chains, per-request cache_seqlens), by CUDA-graph replay of a few rotated input
@@ -121,7 +121,7 @@ def run_batch(torch, name: str, H: int, n: int, prefixes, paths, mods, args) -> 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--paths", default="hopper,portable")
-    ap.add_argument("--batches", default=None, help=f"comma-separated names (default all): {'; '.join(RAGGED)}")
+    ap.add_argument("--batches", default=None, help=f"names separated by ';' (default all): {'; '.join(RAGGED)}")
     ap.add_argument("--json", default=None)
     ap.add_argument("--sets", type=int, default=4, help="rotated input sets a graph (default 4)")
     ap.add_argument("--seed", type=int, default=0)
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-replays", type=int, default=200)
     args = ap.parse_args(argv)
     paths = bv.parse_paths(args.paths)
-    names = list(RAGGED) if args.batches is None else [x.strip() for x in args.batches.split(",") if x.strip()]
+    names = list(RAGGED) if args.batches is None else [x.strip() for x in args.batches.split(";") if x.strip()]
     unknown = [x for x in names if x not in RAGGED]
     if unknown:
         ap.error(f"unknown batch(es) {unknown}; choose from {list(RAGGED)}")
