@@ -891,6 +891,11 @@ VERIFY_MLA_SKIP = (f"skipped: n > {VERIFY_MLA_MAX_N} drafts: verify_shared_kv_fw
                    f"the GPU has (OutOfResources, after minutes of Triton compiling)")
 
 
+def ours_calls(va, batches, outs) -> list:
+    """One call of our op a rotated input set, each writing its own output (the graph replays them)."""
+    return [(lambda b=b, o=o: va(*b.args(), **b.kwargs(), out=o)) for b, o in zip(batches, outs)]
+
+
 def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
     from kdtree_backend.testing import sglang_calls
     from kdtree_backend.testing.batches import make_verify_batch
@@ -951,9 +956,8 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
             if va is None:
                 row["errors"][p] = mods.get("ours_error", "kdtree_backend.kernel.ops unavailable")
                 continue
-            calls = [(lambda b=b, o=o: va(*b.args(), **b.kwargs(), out=o)) for b, o in zip(batches, outs)]
             with kernel_path(p):
-                record(p, calls, outs[0], ref_tree)
+                record(p, ours_calls(va, batches, outs), outs[0], ref_tree)
     if "triton" in impls:
         if mods.get("triton_ok"):
             calls = [(lambda b=b, o=o: sglang_calls.call_sglang_triton(b, o)) for b, o in zip(batches, outs)]
