@@ -488,7 +488,8 @@ def test_p14_register_probe_shows_the_role_budgets(tmp_path):
     assert spill_bytes("sm_120a", 192, 152) > 0
 
 
-@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("tile_timeline.py", "--calls"),
+@pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("timeline.py", "--ragged"),
+                                           ("tile_timeline.py", "--calls"), ("ragged.py", "--batches"),
                                            ("call_series.py", "--gap-ms"),
                                            ("kernel_times.py", "--calls"), ("smoke.py", "--profile-shape")])
 def test_diagnostic_scripts_get_through_their_imports(script, option):

@@ -17,6 +17,10 @@ clock each CTA's loop ran at (clock64 over %globaltimer) and how far apart the r
 share a request's keys ran (the loop-start skew inside each (request, split) group); `--json`
 then holds every CTA's numbers per call. It was written for the bimodal replays of the HBM-bound
 H8 n16 shapes (docs/kernel/journal.md h40).
+
+`--ragged NAME` stamps one of bench/diag/ragged.py's ragged batches instead of a B,H,n,L shape (journal
+m30: a batch of one row tile a request whose CTAs run longer than their parts predict); the per-CTA
+records of `--replays --json` then show which CTAs end late and where their time went.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from smoke import shape_batch, verify_attention  # noqa: E402 (smoke puts the checkout on sys.path)
+from smoke import make_batch, shape_batch, verify_attention  # noqa: E402 (smoke puts the checkout on sys.path)
 
 SLOTS, CTAS = 12, 8192  # = kProfilerSlots, kProfilerMaxCtas (kdtree_backend/kernel/csrc/common/profiler.cuh)
 # (name, slot): slot 2 and 8 are WG1's, the rest WG0's (thread 0).
@@ -40,14 +44,26 @@ MILESTONES = (("request loaded", 1), ("WG1 prologue tiles out", 2), ("Q visible"
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("shape", help="B,H,n,L")
+    ap.add_argument("shape", nargs="?", help="B,H,n,L (or --ragged NAME)")
+    ap.add_argument("--ragged", metavar="NAME", help="a ragged batch of bench/diag/ragged.py (its RAGGED names)")
     ap.add_argument("--json")
     ap.add_argument("--replays", type=int, default=0, help="stamp this many calls one by one (see above)")
     ap.add_argument("--warm", type=int, default=0,
                     help="with --replays: run this many calls back to back before each stamped one, which "
                          "follows them with no gap (a call inside a busy stream, not after an idle one)")
     args = ap.parse_args()
-    (B, H, n, L), a = shape_batch(args.shape, seed=3)
+    if (args.shape is None) == (args.ragged is None):
+        ap.error("give a B,H,n,L shape or --ragged NAME (one of them)")
+    if args.ragged is not None:
+        from ragged import RAGGED  # noqa: PLC0415 (bench/diag is on sys.path)
+
+        if args.ragged not in RAGGED:
+            ap.error(f"--ragged: unknown batch {args.ragged!r}; choose from {list(RAGGED)}")
+        H, n, prefixes = RAGGED[args.ragged]
+        B, L = len(prefixes), max(prefixes)  # L: the longest prefix (for the printout)
+        a = make_batch(B, H, n, list(prefixes), seed=3, pool_extra=L)
+    else:
+        (B, H, n, L), a = shape_batch(args.shape, seed=3)
     if args.replays:
         return replays(a, (B, H, n, L), args.replays, args.json, args.warm)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
