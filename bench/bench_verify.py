@@ -42,7 +42,6 @@ import math
 import os
 import pathlib
 import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -361,12 +360,6 @@ def _grid_summary(rows: list, p: str) -> dict:
         "max_pct_mma_sync": _max(col("pct_mma_sync")),
         "large_shapes_min_pct_matmul": _min(col("pct_matmul", large)),
     }
-
-
-def pipe_factor_of(version) -> int:
-    """F of a `--pipe-factor F` diagnostics library (its version ends in "+pipeF", journal m27), else 1."""
-    m = re.search(r"\+pipe(\d+)", version or "")
-    return int(m.group(1)) if m else 1
 
 
 def emulated_pipe_summary(rows: list, p: str, factor: int) -> dict:
@@ -1100,7 +1093,7 @@ def main(argv=None) -> int:
     rows, skipped = [], []
 
     lib_info = env.get("kdtree_library")
-    factor = pipe_factor_of(lib_info.get("version") if isinstance(lib_info, dict) else "")
+    factor = lib_info.get("pipe_factor", 1) if isinstance(lib_info, dict) else 1  # ops.library_info()
     portable = [p for p in paths if p == "portable" or (p == "ours" and env.get("kernel") == "portable")]
     if factor > 1:
         print(f"note: a --pipe-factor {factor} diagnostics library: each portable mma.sync costs the pipe {factor}x "

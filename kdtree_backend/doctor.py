@@ -114,9 +114,9 @@ def diagnose(environ: Optional[Mapping[str, str]] = None) -> Tuple[List[Tuple[st
     try:
         lib = loader.load_library(check_devices=False, environ=env)
         rows.append(("", f"loads: yes; version {lib.version or '?'}; ABI {lib.abi_version}; built for {lib.archs_text()}"))
-        if lib.diagnostics():
-            rows.append(("", f"WARNING: a diagnostics build ({lib.diagnostics()}): kernels instrumented or slowed on "
-                             f"purpose; never serve with it (rebuild: python -m kdtree_backend.build)"))
+        warning = lib.diagnostics_warning()
+        if warning:
+            rows.append(("", f"WARNING: a {warning}"))
     except KdtreeConfigError as err:
         rows.append(("", f"loads: NO: {err}"))
         if active:

@@ -53,10 +53,25 @@ class KernelLibrary:
         return code_for(self.built_archs, self.ptx_arch, capability)
 
     def diagnostics(self) -> Optional[str]:
-        """What kind of diagnostics build this is (its version names it: "+profiler" stamps the kernels,
-        "+pipeF" costs every portable mma.sync F times, journal m27), or None for a release build."""
+        """What kind of diagnostics build this is (its version names it, build.diagnostics_suffix:
+        "+profiler" stamps the kernels, "+pipeF" costs every portable mma.sync F times, journal m27), or
+        None for a release build."""
         kinds = re.findall(r"\+(profiler|pipe\d+)\b", self.version or "")
         return ", ".join(kinds) or None
+
+    def pipe_factor(self) -> int:
+        """F of a `--pipe-factor F` diagnostics build, 1 for any other."""
+        m = re.search(r"\+pipe(\d+)\b", self.version or "")
+        return int(m.group(1)) if m else 1
+
+    def diagnostics_warning(self) -> Optional[str]:
+        """The warning doctor and the plugin's start-up line give for a diagnostics build (None for a
+        release build), to follow "a " or "the kernel library PATH is a "."""
+        kinds = self.diagnostics()
+        if kinds is None:
+            return None
+        return (f"diagnostics build ({kinds}): kernels instrumented or slowed on purpose; never serve with it "
+                f"(rebuild: python -m kdtree_backend.build)")
 
 
 def default_library_path() -> Path:

@@ -92,6 +92,7 @@ def library_info() -> dict:
         "built_archs": ",".join(str(a) for a in lib.built_archs),
         "ptx_arch": lib.ptx_arch,
         "version": lib.version,
+        "pipe_factor": lib.pipe_factor(),  # > 1: a --pipe-factor diagnostics build (bench_verify.py reads it)
     }
 
 

@@ -373,11 +373,9 @@ def register() -> None:
         _fail(err)
     for warning in unknown_variables():
         _startup_line(f"kdtree-backend: {warning}")
-    diagnostics = lib.diagnostics()
-    if diagnostics:
-        _startup_line(f"kdtree-backend: WARNING: the kernel library {lib.path} is a diagnostics build ({diagnostics}): "
-                      f"its kernels are instrumented or slowed on purpose; never serve with it (rebuild: "
-                      f"python -m kdtree_backend.build)")
+    warning = lib.diagnostics_warning()
+    if warning:
+        _startup_line(f"kdtree-backend: WARNING: the kernel library {lib.path} is a {warning}")
     for index, name, cap, code in jit_gpus:
         _startup_line(f"kdtree-backend: GPU {index} ({name}, compute capability {cap[0]}.{cap[1]}) has no machine "
                       f"code in the kernel library; it runs {code.describe()}")

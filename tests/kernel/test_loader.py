@@ -87,6 +87,12 @@ def test_diagnostics_build_is_named_by_its_version(fake_libs):
     for version, kind in (("0.1.0+src.ab12+profiler", "profiler"), ("0.1.0+src.ab12+profiler+pipe2", "profiler, pipe2"),
                           ("0.1.0+src.ab12", None), ("", None), ("0.1.0+src.pipeline", None)):
         assert dataclasses.replace(lib, version=version).diagnostics() == kind, version
+    for version, factor in (("0.1.0+src.abc123+pipe3", 3), ("0.1.0+src.abc123+profiler+pipe2", 2),
+                            ("0.1.0+src.abc123", 1), ("", 1), ("0.1.0+src.pipeline", 1)):
+        assert dataclasses.replace(lib, version=version).pipe_factor() == factor, version
+    assert dataclasses.replace(lib, version=None).pipe_factor() == 1
+    assert lib.diagnostics_warning() is None
+    assert "diagnostics build (pipe3)" in loader.load_library(fake_libs.diagnostics, environ=env).diagnostics_warning()
 
 
 def test_library_with_ptx_covers_newer_gpus(fake_libs):

@@ -604,12 +604,9 @@ def test_bench_per_path_and_per_grid_summaries():
 
 
 def test_bench_emulated_pipe_of_a_pipe_factor_library():
-    """A `--pipe-factor F` library (journal m27) names itself "+pipeF" in its version; the benchmark then
-    reports the portable path's busy share of the slowed pipe, F x its % of the mma.sync peak."""
+    """Under a `--pipe-factor F` library (journal m27; the loader reads F from its version, test_loader) the
+    benchmark reports the portable path's busy share of the slowed pipe, F x its % of the mma.sync peak."""
     bv = _load_bench("bench_verify")
-    assert bv.pipe_factor_of("0.1.0+src.abc123+pipe3") == 3
-    assert bv.pipe_factor_of("0.1.0+src.abc123+profiler+pipe2") == 2
-    assert bv.pipe_factor_of("0.1.0+src.abc123") == 1 and bv.pipe_factor_of(None) == 1
     ceil = {"copy_tbps": 4.25, "matmul_tflops": 790.0, "mma_sync_tflops": 645.0}
     paths = ["hopper", "portable"]
     rows = [bv.finish_row(r, ceil, paths) for r in _fake_rows(bv, grid="main", paths=paths)]
