@@ -884,6 +884,36 @@ VERIFY_MLA_SKIP = (f"skipped: n > {VERIFY_MLA_MAX_N} drafts: verify_shared_kv_fw
                    f"the GPU has (OutOfResources, after minutes of Triton compiling)")
 
 
+def input_sets(torch, prefixes, H: int, n: int, count: int, seed: int, **layout) -> list:
+    """`count` rotated input sets of one batch (random tree, uint8 mask, SGLang's index dtypes), set i
+    drawn with seed + i; `layout`: make_verify_batch's slot layout arguments (slot_layout_kwargs)."""
+    from kdtree_backend.testing.batches import make_verify_batch
+
+    return [make_verify_batch(
+        list(prefixes), num_heads=H, draft_lens=n, mask="tree", mask_dtype=torch.uint8, qo_indptr_dtype=torch.int64,
+        kv_indptr_dtype=torch.int32, prefix_mask_fill="ones", pool_factor=1.25, extra_indices=64, seed=seed + i,
+        device=DEVICE, **layout) for i in range(count)]
+
+
+def flashmla_calls(torch, fm, batches, inputs, H: int, n: int) -> tuple:
+    """FlashMLA's calls on each input set (`inputs`: flashmla_inputs_for's), causal chains at the set's own
+    softmax scale (as ours and the float64 reference use), and the list their outputs land in. The first
+    call runs eagerly here (it builds the scheduler metadata outside the graph); after capture, outs[0] is
+    the graph's output tensor, rewritten by each replay."""
+    metas = [fm.get_mla_metadata()[0] for _ in batches]
+    outs = [None] * len(batches)
+
+    def fcall(i):
+        cache, bt, sl = inputs[i]
+        o, _ = fm.flash_mla_with_kvcache(batches[i].q.view(sl.numel(), n, H, QK), cache, bt, sl, DV, metas[i],
+                                         softmax_scale=batches[i].sm_scale, causal=True, use_legacy=True)
+        outs[i] = o
+
+    fcall(0)
+    torch.cuda.synchronize()
+    return [(lambda i=i: fcall(i)) for i in range(len(batches))], outs
+
+
 def ours_calls(va, batches, outs) -> list:
     """One call of our op a rotated input set, each writing its own output (the graph replays them)."""
     return [(lambda b=b, o=o: va(*b.args(), **b.kwargs(), out=o)) for b, o in zip(batches, outs)]
@@ -891,7 +921,6 @@ def ours_calls(va, batches, outs) -> list:
 
 def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
     from kdtree_backend.testing import sglang_calls
-    from kdtree_backend.testing.batches import make_verify_batch
     from kdtree_backend.testing.reference import relative_error
 
     row = {"shape": s._asdict(), "grids": grids_of(s), "times_us": {}, "timing": {}, "check": {}, "errors": {}}
@@ -899,14 +928,8 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (60 << 20)
     k_sets = int(max(1, min(args.max_sets, math.ceil(4 * l2 / set_bytes))))
     row["input_sets"] = k_sets
-    sm_scale = 192 ** -0.5
-    batches = []
-    for i in range(k_sets):
-        batches.append(make_verify_batch(
-            [s.L] * s.B, num_heads=s.H, draft_lens=s.n, mask="tree", mask_dtype=torch.uint8,
-            qo_indptr_dtype=torch.int64, kv_indptr_dtype=torch.int32, prefix_mask_fill="ones",
-            pool_factor=1.25, extra_indices=64, seed=args.seed * 1000003 + hash(s) % 100003 + i, device=DEVICE,
-            **slot_layout_kwargs(args.slots)))
+    batches = input_sets(torch, [s.L] * s.B, s.H, s.n, k_sets, args.seed * 1000003 + hash(s) % 100003,
+                         **slot_layout_kwargs(args.slots))
     b0 = batches[0]
     gen = torch.Generator(device=DEVICE).manual_seed(args.seed + 17)
 
@@ -975,19 +998,7 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
                 if ("flashmla", s.H, s.n) in failed:
                     raise RuntimeError(f"skipped: failed earlier at H={s.H} n={s.n}: {failed[('flashmla', s.H, s.n)]}")
                 inputs = [flashmla_inputs(torch, b, s, gen) for b in batches]
-                metas = [fm.get_mla_metadata()[0] for _ in batches]
-                fouts = [None] * len(batches)
-
-                def fcall(i):
-                    b = batches[i]
-                    cache, bt, sl = inputs[i]
-                    o, _ = fm.flash_mla_with_kvcache(b.q.view(s.B, s.n, s.H, QK), cache, bt, sl, DV, metas[i],
-                                                     softmax_scale=sm_scale, causal=True, use_legacy=True)
-                    fouts[i] = o
-                fcall(0)  # eager: builds the scheduler metadata outside the graph
-                torch.cuda.synchronize()
-                calls = [(lambda i=i: fcall(i)) for i in range(len(batches))]
-                # after capture fouts[0] is the graph's output tensor, rewritten by each replay
+                calls, fouts = flashmla_calls(torch, fm, batches, inputs, s.H, s.n)
                 record("flashmla", calls, None, ref_chain)
                 if "flashmla" in row["times_us"]:
                     check("flashmla", fouts[0], ref_chain)

@@ -52,19 +52,13 @@ def batch_flops(H: int, n: int, prefixes) -> float:
 
 
 def run_batch(torch, name: str, H: int, n: int, prefixes, paths, mods, args) -> dict:
-    from kdtree_backend.testing.batches import make_verify_batch
     from kdtree_backend.testing.reference import relative_error
 
     B = len(prefixes)
     row = {"name": name, "B": B, "H": H, "n": n, "prefixes": list(prefixes), "keys": int(sum(prefixes)),
            "longest": int(max(prefixes)), "flops": batch_flops(H, n, prefixes), "times_us": {}, "check": {},
            "errors": {}}
-    sets = []
-    for i in range(args.sets):
-        sets.append(make_verify_batch(
-            list(prefixes), num_heads=H, draft_lens=n, mask="tree", mask_dtype=torch.uint8,
-            qo_indptr_dtype=torch.int64, kv_indptr_dtype=torch.int32, prefix_mask_fill="ones", pool_factor=1.25,
-            extra_indices=64, seed=args.seed * 1000003 + hash(name) % 100003 + i, device=bv.DEVICE))
+    sets = bv.input_sets(torch, prefixes, H, n, args.sets, args.seed * 1000003 + hash(name) % 100003)
     b0 = sets[0]
     ref_tree = bv.request0_reference(b0, n, chain=False)
     ref_chain = bv.request0_reference(b0, n, chain=True)
@@ -92,20 +86,8 @@ def run_batch(torch, name: str, H: int, n: int, prefixes, paths, mods, args) -> 
     else:
         gen = torch.Generator(device=bv.DEVICE).manual_seed(args.seed + 17)
         inputs = [bv.flashmla_inputs_for(torch, b, prefixes, n, gen) for b in sets]
-        metas = [fm.get_mla_metadata()[0] for _ in sets]
-        fouts = [None] * len(sets)
-        scale = 192 ** -0.5
-
-        def fcall(i):
-            cache, bt, sl = inputs[i]
-            o, _ = fm.flash_mla_with_kvcache(sets[i].q.view(B, n, H, bv.QK), cache, bt, sl, bv.DV, metas[i],
-                                             softmax_scale=scale, causal=True, use_legacy=True)
-            fouts[i] = o
-
-        fcall(0)
-        torch.cuda.synchronize()
-        res = bv._graph_time(torch, [(lambda i=i: fcall(i)) for i in range(len(sets))], args)
-        row["times_us"]["flashmla"] = res["us"]
+        calls, fouts = bv.flashmla_calls(torch, fm, sets, inputs, H, n)
+        row["times_us"]["flashmla"] = bv._graph_time(torch, calls, args)["us"]
         check("flashmla", fouts[0], ref_chain)
     t = row["times_us"]
     row["ratio_vs_flashmla"] = {p: t[p] / t["flashmla"] for p in paths if p in t and "flashmla" in t}
