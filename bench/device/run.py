@@ -221,9 +221,9 @@ def _check_step(s: Step) -> None:
             parse_paths(s.option("paths"))
         if s.option("slots") and s.option("slots") not in SLOT_ORDERS:
             raise UsageError(f"step ab: slots={s.option('slots')} (one of {', '.join(SLOT_ORDERS)})")
-    if s.name == "ragged" and plain and not plain[0].startswith("-"):
+    if s.name == "ragged":
         try:
-            parse_paths(plain[0])
+            parse_paths(ragged_args(plain)[0])
         except ValueError as e:
             raise UsageError(f"step ragged: {e}") from None
     if s.name == "setup" and plain:
@@ -402,10 +402,15 @@ def commands_modes(s: Step, ctx: Context, out_name: str) -> list:
                     echo=r"^(mode|stock|off|validate|on)\b|forward_extend per call", echo_last=16)]
 
 
+def ragged_args(plain: list) -> tuple:
+    """The ragged step's (PATHS, OPTs): its first word unless that is an option, else both paths."""
+    if plain and not plain[0].startswith("-"):
+        return plain[0], plain[1:]
+    return "hopper,portable", plain
+
+
 def commands_ragged(s: Step, ctx: Context, out_name: str) -> list:
-    plain = s.plain()
-    paths = plain[0] if plain and not plain[0].startswith("-") else "hopper,portable"
-    opts = plain[1:] if plain and not plain[0].startswith("-") else plain
+    paths, opts = ragged_args(s.plain())
     return [Command("ragged batches vs FlashMLA", [PYTHON, "bench/diag/ragged.py", "--paths", paths, "--json",
                                                    str(ctx.out / out_name), *opts], "ragged.log",
                     echo=r"x FlashMLA|geomean|ERROR|Error", echo_last=12)]
