@@ -353,6 +353,26 @@ def test_extra_ctas_take_the_row_tiles_remainders(ops, drafts, heads):
     _assert_repeatable(ops, batch, out)
 
 
+@pytest.mark.parametrize("heads,drafts", [(8, 8), (16, 4), (8, 5)])
+def test_one_row_tile_ragged_batch(ops, heads, drafts):
+    """Journal m31: one row tile a request (H x n <= 64) plans 128 parts (kMaxSplits) and, on a 132-SM
+    H200, 4 extra CTAs. With ragged prefixes spread over 1k-16k the main parts cover the cost axis at
+    their covering length and the extra CTAs stay idle (before m31 they took up to 127 tiles of
+    remainder: 30 tiles each against 11). Ragged drafts too; compared with float64 and bitwise stable."""
+    B = 16
+    top = 4096 if SMALL else 16384
+    prefixes = [int(round(1024 * (top / 1024) ** (i / (B - 1)))) for i in range(B)]
+    draft_lens = [drafts] + [random.Random(31 + i).choice([1, drafts]) for i in range(B - 1)]
+    batch = make_verify_batch(prefixes, num_heads=heads, draft_lens=draft_lens, mask="tree", mask_dtype=U8,
+                              qo_indptr_dtype=I64, seed=3100 + heads + drafts, device=DEV, index_garbage=GARBAGE)
+    out = _run(ops, batch)
+    plan = next(v for k, v in ops._plans.items() if k[2:5] == (B, heads, drafts))
+    R, P = plan.c_plan.row_tiles, plan.c_plan.num_splits
+    assert R == 1, R
+    _check_against_reference(batch, out, what=f"op with {R} x {P} CTAs over a ragged one-row-tile batch")
+    _assert_repeatable(ops, batch, out)
+
+
 @pytest.mark.parametrize("heads", [16, 5, 128], ids=["H16-tokens-per-box", "H5-no-box", "H128-heads-per-box"])
 def test_many_short_segments_a_part(ops, monkeypatch, heads):
     """The walk over many short segments a CTA: short requests (0-3 key tiles: segments of one, two

@@ -190,7 +190,7 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
             assert E > 0 or rem == 0, ctx
             # every CTA the same share of R row tiles' work and the extra CTAs' R - 1 crossings
             ideal = -(-(R * total + 4 * (R - 1)) // (R * parts + E))
-            if E > 0 and w == ideal:  # (unless the smallest part or the rectangle's end bound w)
+            if E > 0 and w == ideal and rem > 0:  # (unless the smallest part or the rectangle's end bound w)
                 balanced += 1
                 # an extra CTA's share and its average row-tile crossings' starts: a main part's
                 assert le * E + 4 * (R - 1) <= (w + 1) * E, (ctx, "an extra CTA's share exceeds a main part's", le, w)
@@ -227,6 +227,8 @@ def test_every_tile_once_pieces_in_the_combines_slots(program):
             for (t, b), (first, k) in info.items():
                 assert first == b * aligned and k <= aligned, (ctx, t, b)
         else:
+            if E > 0 and rem > 0:  # journal m31: an extra CTA's share at most a start's charge past a part's
+                assert le <= w + 4, (ctx, "the remainder is piled on the extra CTAs", le, w)
             for cta, wk in work.items():
                 if cta < R * parts:
                     assert wk <= w + 4, (ctx, cta, wk, w)  # a start's overhead may spill in
@@ -265,3 +267,36 @@ def test_split_length_rule_and_the_plans_part_count(program):
     assert parts[(132, 17)] == 7    # one wave of 119 (s1: 2 waves of 255 measured 35% slower at B = 1)
     assert parts[(132, 1)] == 128   # the kMaxSplits bound
     assert parts[(132, 133)] == 1 and parts[(188, 9)] == 20
+
+
+def _cta_work(out: str) -> tuple:
+    """The program's first batch: its header fields and each CTA's tiles (+ 4 a request start)."""
+    block = out.split("batch ")[1].strip().split("\n")
+    head = tuple(map(int, block[0].split()))
+    work = collections.Counter()
+    for line in block[1:]:
+        f = line.split()
+        if f[0] == "piece":
+            cta, t0, t1 = int(f[1]), int(f[5]), int(f[6])
+            work[cta] += (t1 - t0) + (4 if t0 == 0 else 0)
+    return head, work
+
+
+@pytest.mark.parametrize("prefixes", [
+    [int(round(1024 * 16 ** (i / 15))) for i in range(16)],  # ragged.py's "B16 H8 n8 spread 1k-16k" (m31)
+    [700 + 613 * i for i in range(24)],
+    [32768] + [1024] * 7,
+])
+def test_one_row_tile_ragged_batch_keeps_the_extra_ctas_share_at_a_parts(program, prefixes):
+    """Journal m31: one row tile a request (H x n <= 64) gives 128 parts (kMaxSplits) + 4 extra CTAs on
+    132 SMs. Shortening the main parts to floor(total / 128) piled up to 127 tiles on the 4 extra CTAs
+    (30 tiles each against 11: the launch 1.8x FlashMLA). No CTA may now hold more than a covering
+    part's tiles plus its segments' starts."""
+    stdin = f"128 0 64 1 4 {len(prefixes)} " + " ".join(f"8 {L}" for L in prefixes) + "\n"
+    out = subprocess.run([str(program)], input=stdin, capture_output=True, text=True, timeout=60, check=True).stdout
+    (total, w, rem_start, rem, le, aligned, _slots, E), work = _cta_work(out)
+    assert not aligned
+    cover = -(-total // 128)
+    assert max(work.values()) <= cover + 2 * 4, (total, w, rem, le, E, sorted(work.values())[-6:])
+    if rem > 0:
+        assert le <= w + 4, (le, w)

@@ -141,7 +141,27 @@ __host__ __device__ __forceinline__ PartGeometry part_geometry(int64_t total, in
   const int64_t work = static_cast<int64_t>(row_tiles) * total + static_cast<int64_t>(kOverheadTiles) * (row_tiles - 1);
   int64_t w = (work + ctas - 1) / ctas;
   if (w < min_tiles) w = min_tiles;
-  if (w > total / parts) w = total / parts;  // the main parts end inside every row tile's axis
+  if (static_cast<int64_t>(parts) * w >= total) {
+    // The main parts alone cover each row tile's axis at that length (the share rounded up, or the
+    // smallest part, reaches past total / parts). Shortening them to floor(total / parts) leaves up to
+    // parts - 1 tiles a row tile, which only E extra CTAs take: journal m31, one row tile, 128 parts
+    // and 4 extra CTAs, 11-tile parts and 30-tile remainders, the launch 1.8x longer. Keep that cut
+    // only while an extra CTA's share exceeds a shortened part by at most a start's charge (a main
+    // part's own spill: its last request start may reach past its end; as before m31, the shortened
+    // parts may be below the smallest part); otherwise the main parts cover the axis at their
+    // covering length and the extra CTAs stay idle.
+    const int64_t cover = part_length(total, parts, min_tiles);
+    const int64_t wb = total / parts;
+    const int64_t rb = static_cast<int64_t>(row_tiles) * (total - static_cast<int64_t>(parts) * wb);
+    if (wb < 1 || (rb + extra - 1) / extra > wb + kOverheadTiles) {
+      g.w = cover;
+      g.rem_start = total;
+      g.rem = 0;
+      g.le = 1;
+      return g;
+    }
+    w = wb;
+  }
   if (w < 1) w = 1;
   g.w = w;
   g.rem_start = static_cast<int64_t>(parts) * w < total ? static_cast<int64_t>(parts) * w : total;
