@@ -172,14 +172,14 @@ def test_driver_dry_run_of_the_release_commands(drv, capsys):
     tiled = _dry(drv, capsys, "tests", "portable-tiled", "sanitize", "portable-tiled")
     assert ("KDTREE_KERNEL=portable-tiled python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors "
             "tests/ -k 'not hopper and not portable'") in tiled
-    assert "-k '(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments) and tiled'" in tiled
+    assert "-k '(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments or one_row_tile) and tiled'" in tiled
     assert "tests/kernel/test_kernel_gpu.py -k tiled " in tiled
     for p in ("hopper", "portable"):
         assert (f"KDTREE_KERNEL={p} compute-sanitizer --print-limit 20 --tool racecheck python3 bench/diag/smoke.py "
                 "--small --no-triton") in out
         assert (f"KDTREE_KERNEL={p} KDTREE_TEST_SMALL=1 compute-sanitizer --print-limit 20 --tool racecheck python3 -m "
                 f"pytest -q -p no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k '(consecutive_slots or parts_span or "
-                f"two_split_merge or extra_ctas or many_short_segments) and {p}'") in out
+                f"two_split_merge or extra_ctas or many_short_segments or one_row_tile) and {p}'") in out
         assert (f"KDTREE_TEST_SMALL=1 compute-sanitizer --print-limit 20 --tool memcheck python3 -m pytest -q -p "
                 f"no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k {p} ") in out
     assert "python3 bench/bench_modes.py --json /tmp/out/modes.json --bs 8,128" in out
@@ -298,7 +298,7 @@ def test_driver_sanitize_runs_racecheck_and_memcheck_on_the_path(tmp_path):
         "bench/diag/smoke.py --small --no-triton")
     assert lines[1].startswith("hopper small=1 --print-limit 20 --tool racecheck") and lines[1].endswith(
         "tests/kernel/test_kernel_gpu.py -k (consecutive_slots or parts_span or two_split_merge or extra_ctas or "
-        "many_short_segments) and hopper")
+        "many_short_segments or one_row_tile) and hopper")
     assert lines[2].startswith("hopper small=1 --print-limit 20 --tool memcheck") and lines[2].endswith(
         "tests/kernel/test_kernel_gpu.py -k hopper")
     assert "racecheck, smoke cases (hopper): rc=0" in r.stdout and "RACECHECK SUMMARY: 0 hazards" in r.stdout

@@ -364,10 +364,11 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
                     f"racecheck-{p}.log", share=0.15 / len(paths), env={"KDTREE_KERNEL": p},
                     echo=r"RACECHECK SUMMARY|smoke"),
             # s1: also the part schedule's walks (several segments a CTA, barriers re-initialised
-            # between them), the merge of pieces and (s3) the extra CTAs' walks across row tiles
+            # between them), the merge of pieces, (s3) the extra CTAs' walks across row tiles and
+            # (s6) the covering parts with idle extra CTAs
             Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
                 "-x", *tests, "-k",
-                f"(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments) and "
+                f"(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments or one_row_tile) and "
                 f"{PATH_TEST_ID[p]}")],
                 f"racecheck-slots-{p}.log", share=0.6 / len(paths),  # H200: 160-180 s the tiled kernel (s3), 255 s the warp-specialised one (p16): give sanitize >= 430 s a path
                 env=small, echo=r"RACECHECK SUMMARY|passed|failed", floor_s=RACECHECK_SLOTS_FLOOR_S.get(p, 0.0)),
