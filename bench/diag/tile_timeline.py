@@ -143,11 +143,53 @@ def summarise(buf, kernel: str = "portable") -> dict:
     return out
 
 
+# The last tiles of a segment (its draft tiles: journal m32), per position from the end: intervals that
+# need no later tile, medians over the stamped CTAs.
+TAIL_INTERVALS = {
+    "portable": (("qk.k_wait", lambda e, i: e[i][QK_KFULL] - e[i - 1][QK_PFULL]),
+                 ("qk.mma", lambda e, i: e[i][QK_SCORES] - e[i][QK_KFULL]),
+                 ("qk.softmax", lambda e, i: e[i][QK_SOFTMAX] - e[i][QK_SCORES]),
+                 ("qk.handoff", lambda e, i: e[i][QK_PFULL] - e[i][QK_PFREE]),
+                 ("pv.mma", lambda e, i: e[i][PV_MMA_ISSUED] - e[i][PV_PFULL]),
+                 ("tile", lambda e, i: e[i][QK_PFULL] - e[i - 1][QK_PFULL])),
+    "hopper": (("wg0.k_wait", lambda e, i: e[i][WG0_KFULL] - e[i - 1][WG0_PV_DONE]),
+               ("wg0.qk", lambda e, i: e[i][WG0_SCORES] - e[i][WG0_KFULL]),
+               ("wg0.softmax", lambda e, i: e[i][WG0_SOFTMAX] - e[i][WG0_SCORES]),
+               ("wg0.p_free_wait", lambda e, i: e[i][WG0_PFREE] - e[i][WG0_SOFTMAX]),
+               ("wg0.share", lambda e, i: e[i][WG0_PFULL] - e[i][WG0_PFREE]),
+               ("wg0.pv", lambda e, i: e[i][WG0_PV_DONE] - e[i][WG0_PFULL]),
+               ("tile", lambda e, i: e[i][WG0_PV_DONE] - e[i - 1][WG0_PV_DONE])),
+}
+
+
+def tail_summary(buf, kernel: str, k: int) -> dict:
+    """Per position j = 1..k from the segment's end (j = 1: its last tile), the median cycles of
+    TAIL_INTERVALS over the stamped CTAs whose segment has at least k + 1 tiles, all stamped."""
+    need = KERNELS[kernel]["always"]
+    rows = {j: {name: [] for name, _ in TAIL_INTERVALS[kernel]} for j in range(1, k + 1)}
+    for c in range(CTAS):
+        rec = buf[c * RECORD:(c + 1) * RECORD]
+        n = int(rec[0])
+        if n < k + 1 or n > TILES:
+            continue
+        e = [rec[1 + t * EVENTS:1 + (t + 1) * EVENTS] for t in range(n)]
+        if not all(e[t][x] != 0 for t in range(n) for x in need):
+            continue
+        for j in range(1, k + 1):
+            for name, f in TAIL_INTERVALS[kernel]:
+                rows[j][name].append(f(e, n - j))
+    return {f"last-{j - 1}" if j > 1 else "last": {name: statistics.median(xs) for name, xs in v.items() if xs}
+            for j, v in rows.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", help="B,H,n,L")
     ap.add_argument("--json")
     ap.add_argument("--calls", type=int, default=5, help="calls back to back; the last one's stamps are read")
+    ap.add_argument("--tail", type=int, default=0, metavar="K",
+                    help="also the last K tiles of each stamped segment, per position (a segment of at most 64 "
+                         "tiles ends with its draft tiles: e.g. 1,8,257,2048 with KDTREE_NUM_SPLITS=1)")
     args = ap.parse_args()
     kernel = os.environ.get("KDTREE_KERNEL")
     if kernel not in KERNELS:
@@ -178,6 +220,12 @@ def main() -> int:
         v = res.get(name)
         if v:
             print(f"  {name:15s} {v['median']:7.0f}  ({v['p10']:6.0f} - {v['p90']:6.0f})  {100 * v['median'] / per:5.1f}%")
+    if args.tail:
+        res["tail"] = tail_summary(buf, kernel, args.tail)
+        names = [name for name, _ in TAIL_INTERVALS[kernel]]
+        print("  the segment's last tiles (median cycles): " + " ".join(f"{x:>15s}" for x in names))
+        for pos, v in res["tail"].items():
+            print(f"  {pos:>8s} " + " ".join(f"{v.get(x, float('nan')):15.0f}" for x in names))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
