@@ -45,4 +45,39 @@ __device__ __forceinline__ DraftRow draft_row(const uint8_t* mask, int heads, in
   return d;
 }
 
+// The draft keys [key_base, key_base + kKeys) that one draft token sees, as bits (bit k: key
+// key_base + k), read by the whole warp in one round trip (journal m32b): lane j reads the token's
+// mask bytes key_base + j, key_base + 32 + j, ... (every load issued before any is used) and the
+// warp's ballots gather them. Keys past the drafts read nothing and are invisible. For a warp whose
+// 8 rows of an mma fragment (lane / 4) are one draft token: heads a multiple of 8
+// (warp_rows_one_token). Per key, draft_key_visible makes every lane read its own bytes, and ptxas
+// orders those loads one after another (each behind a branch on the key): ~5,400 cycles a 64-key draft
+// tile on the Hopper path, ~3,000 a 32-key tile on the portable kernel (m32b).
+template <int kKeys>
+__device__ __forceinline__ uint64_t warp_draft_bits(const uint8_t* mask_row, int n, int key_base, int lane) {
+  static_assert(kKeys == 32 || kKeys == 64, "a draft tile of 32 or 64 keys");
+  constexpr int kLoads = kKeys / 32;
+  uint32_t v[kLoads];
+#pragma unroll
+  for (int h = 0; h < kLoads; ++h) {
+    const int key = key_base + 32 * h + lane;
+    v[h] = key < n ? __ldg(mask_row + key) : 0u;
+  }
+  uint64_t bits = 0;
+#pragma unroll
+  for (int h = 0; h < kLoads; ++h) bits |= static_cast<uint64_t>(__ballot_sync(0xffffffffu, v[h] != 0u)) << (32 * h);
+  return bits;
+}
+
+// Whether each 8-row group of a warp's mma fragment rows (row0 + 8 rr, row0 a multiple of 8 plus
+// lane / 4) lies in one draft token: rows are token * heads + head, so heads a multiple of 8.
+__device__ __forceinline__ bool warp_rows_one_token(int heads) { return (heads & 7) == 0; }
+
+// The draft row of the 8-row group starting at row `r8` (a multiple of 8) when it is one token
+// (warp_rows_one_token): its mask row, or null when the group is padding rows (all of them, since
+// n x heads is then a multiple of 8).
+__device__ __forceinline__ const uint8_t* group_mask_row(const uint8_t* mask, int heads, int prefix, int n, int r8) {
+  return r8 < n * heads ? draft_mask_row(mask, prefix, n, r8 / heads) : nullptr;
+}
+
 }  // namespace kdtree

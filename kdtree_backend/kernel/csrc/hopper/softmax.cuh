@@ -20,25 +20,55 @@ struct SoftmaxState {
 
 // Scale into the log2 domain and mask one 64 x 64 score tile held in wgmma's accumulator layout:
 // s[8*nb + e] is row (warp*16 + lane/4 + 8*(e>>1)), key (8*nb + 2*(lane&3) + (e&1)).
-// The visibility of the first draft tile's keys for this thread's two rows, as bits
-// (nb * 2 + (e & 1)) of bits[rr]: loaded in the prologue, where the mask's two dependent round
-// trips (mask_indptr, then the bytes) hide behind the Q tile, instead of after the draft tile's
-// QK^T, where nothing else runs (journal h11).
-__device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int b, int prefix, int n, int row0,
-                                                      int lane, uint32_t (&bits)[2]) {
+// The visibility of a draft tile's keys [key_base, key_base + 64) for this thread's two rows, as
+// bits (nb * 2 + (e & 1)) of bits[rr]. With heads a multiple of 8 each warp reads its two tokens'
+// mask bytes once, all loads in flight together (warp_draft_bits, journal m32b); otherwise every
+// lane reads its own bytes (draft_key_visible).
+__device__ __forceinline__ void draft_tile_bits(const KdtreeVerifyParams& p, int b, int prefix, int n, int row0,
+                                                int lane, int key_base, uint32_t (&bits)[2]) {
   const uint8_t* mask = request_mask(p, b);
   const int col_lane = 2 * (lane & 3);
+  if (mask != nullptr && warp_rows_one_token(p.num_heads)) {
+    const uint8_t* rows[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) rows[rr] = group_mask_row(mask, p.num_heads, prefix, n, (row0 & ~7) + rr * 8);
+    uint64_t w[2] = {0, 0};
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)  // warp-uniform: a group is one token's rows or all padding
+      if (rows[rr] != nullptr) w[rr] = warp_draft_bits<64>(rows[rr], n, key_base, lane);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      // padding rows see key 0 only
+      const uint64_t v = rows[rr] != nullptr ? w[rr] >> col_lane : (key_base == 0 && col_lane == 0 ? 1u : 0u);
+      uint32_t bb = 0;
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) bb |= static_cast<uint32_t>((v >> (nb * 8 + e)) & 1u) << (nb * 2 + e);
+      bits[rr] = bb;
+    }
+    return;
+  }
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
-    uint32_t b = 0;
+    uint32_t bb = 0;
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
       for (int e = 0; e < 2; ++e)
-        b |= static_cast<uint32_t>(draft_key_visible(d.mask_row, n, d.valid, d.query, nb * 8 + col_lane + e)) << (nb * 2 + e);
-    bits[rr] = b;
+        bb |= static_cast<uint32_t>(draft_key_visible(d.mask_row, n, d.valid, d.query, key_base + nb * 8 + col_lane + e))
+              << (nb * 2 + e);
+    bits[rr] = bb;
   }
+}
+
+// The first draft tile's bits are loaded in the prologue, where the mask's round trips (mask_indptr,
+// then the bytes) hide behind the Q tile, instead of after the draft tile's QK^T, where nothing else
+// runs (journal h11).
+__device__ __forceinline__ void first_draft_tile_bits(const KdtreeVerifyParams& p, int b, int prefix, int n, int row0,
+                                                      int lane, uint32_t (&bits)[2]) {
+  draft_tile_bits(p, b, prefix, n, row0, lane, 0, bits);
 }
 
 // Scale into the log2 domain (`scale`: the tile's score scale, prefix or draft) and mask. kFold
@@ -63,28 +93,14 @@ __device__ __forceinline__ void scale_and_mask(float (&s)[32], const KdtreeVerif
     }
     return;
   }
-  if (key_base == 0) {  // the first draft tile: its bits were loaded in the prologue
+  uint32_t bits[2] = {first_bits[0], first_bits[1]};  // the first draft tile's: loaded in the prologue
+  if (key_base != 0) draft_tile_bits(p, b, prefix, n, row0, lane, key_base, bits);
 #pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
+  for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[nb * 4 + e] = (first_bits[e >> 1] >> (nb * 2 + (e & 1))) & 1u ? (kFold ? s[nb * 4 + e] : s[nb * 4 + e] * scale)
-                                                                        : -CUDART_INF_F;
-    return;
-  }
-  const uint8_t* mask = request_mask(p, b);
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-      for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-        const int key = key_base + nb * 8 + col_lane + (e & 1);
-        s[nb * 4 + e] = draft_key_visible(d.mask_row, n, d.valid, d.query, key) ? (kFold ? s[nb * 4 + e] : s[nb * 4 + e] * scale)
-                                                                                : -CUDART_INF_F;
-      }
-  }
+    for (int e = 0; e < 4; ++e)
+      s[nb * 4 + e] = (bits[e >> 1] >> (nb * 2 + (e & 1))) & 1u ? (kFold ? s[nb * 4 + e] : s[nb * 4 + e] * scale)
+                                                                : -CUDART_INF_F;
 }
 
 // Online softmax on one tile (lazy reference max, as in the portable kernel), in two steps:

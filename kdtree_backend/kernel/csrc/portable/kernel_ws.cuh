@@ -261,17 +261,32 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
         }
     } else {
       const uint8_t* mask = request_mask(p, ld_shared_s32(base + WsLayout::kSegB));
+      if (mask != nullptr && warp_rows_one_token(p.num_heads)) {  // one round trip a warp (m32b)
 #pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
+        for (int rr = 0; rr < 2; ++rr) {
+          const uint8_t* mrow = group_mask_row(mask, p.num_heads, prefix, n, (row0 & ~7) + rr * 8);
+          // a group is one token's rows or all padding rows (which see key 0 only): warp-uniform
+          const uint32_t v = mrow != nullptr ? static_cast<uint32_t>(warp_draft_bits<32>(mrow, n, key_base, lane)) >> col_lane
+                                             : (key_base == 0 && col_lane == 0 ? 1u : 0u);
 #pragma unroll
-        for (int f = 0; f < NT; ++f)
+          for (int f = 0; f < NT; ++f)
 #pragma unroll
-          for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-            const int key = key_base + f * 8 + col_lane + (e & 1);
-            s[f][e] = draft_key_visible(d.mask_row, n, d.valid, d.query, key) ? s[f][e] * (p.sm_scale * kLog2e)
-                                                                              : -CUDART_INF_F;
-          }
+            for (int e = 2 * rr; e < 2 * rr + 2; ++e)
+              s[f][e] = (v >> (f * 8 + (e & 1))) & 1u ? s[f][e] * (p.sm_scale * kLog2e) : -CUDART_INF_F;
+        }
+      } else {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
+#pragma unroll
+          for (int f = 0; f < NT; ++f)
+#pragma unroll
+            for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+              const int key = key_base + f * 8 + col_lane + (e & 1);
+              s[f][e] = draft_key_visible(d.mask_row, n, d.valid, d.query, key) ? s[f][e] * (p.sm_scale * kLog2e)
+                                                                                : -CUDART_INF_F;
+            }
+        }
       }
     }
 
