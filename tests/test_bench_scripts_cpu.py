@@ -563,6 +563,28 @@ def test_tile_timeline_intervals_from_a_known_schedule():
     assert {k: res[k]["median"] for k in want} == want
 
 
+def test_tile_timeline_tail_reads_a_segments_last_tiles():
+    """--tail (journal m32b): per position from the segment's end, the intervals of its last tiles;
+    here the last two tiles' softmax is 3,000 cycles longer, as a draft tile's mask read was, and
+    CTAs whose segment is shorter than the tail are left out."""
+    tt = _load("bench/diag/tile_timeline.py", "tile_timeline_tail_under_test")
+    offs = [0, 300, 500, 520, 560, 700, 580, 800, 820, 980]
+    tiles = 12
+    buf = _tile_record(tt, offs, ((0, tiles), (2, 3)), (tt.WG1_EMPTY, tt.WG1_REFILL))
+    for c in (0,):  # (CTA 2's 3 tiles, if read, would pull the medians to 1,700)
+        for t in (tiles - 2, tiles - 1):  # the last two tiles: softmax + 3,000, later events shifted
+            for k in (tt.WG0_SOFTMAX, tt.WG0_PFREE, tt.WG0_PFULL, tt.WG0_PV_DONE):
+                buf[c * tt.RECORD + 1 + t * tt.EVENTS + k] += 3000 * (t - (tiles - 3))
+            if t == tiles - 1:
+                for k in (tt.WG0_SCORES,):
+                    buf[c * tt.RECORD + 1 + t * tt.EVENTS + k] += 3000
+    tail = tt.tail_summary(buf, "hopper", 3)
+    assert list(tail) == ["last", "last-1", "last-2"]
+    assert tail["last-2"]["wg0.softmax"] == 200 and tail["last-2"]["tile"] == 1000
+    assert tail["last-1"]["wg0.softmax"] == 3200 and tail["last-1"]["tile"] == 4000
+    assert tail["last-1"]["wg0.qk"] == 300 and tail["last-1"]["wg0.pv"] == 140
+
+
 def test_driver_ab_passes_slot_layouts_and_refuses_others(drv, capsys):
     out = _dry(drv, capsys, "ab", "base=/tmp/prev.so", "paths=portable", "slots=runs")
     smoke_lines = [line for line in out.splitlines() if "bench/diag/smoke.py" in line]
