@@ -41,6 +41,11 @@ Hopper (thread 0 of WG0, math; thread 128 of WG1, helper):
   refill_to_k       WG1's refill of tile i + 2 issued -> WG0 saw K tile i + 2 land
   p_to_wg1          WG0's P(i) arrive -> WG1 past P full(i)
 
+`--tail K` also prints the segment's last K tiles one by one (medians over the stamped CTAs of the
+intervals that need no later tile): a segment ends with its draft tiles, so a shape whose segment fits
+the 64 stamped tiles (e.g. 1,8,257,2048 with KDTREE_NUM_SPLITS=1) shows what a draft tile costs
+(journal m32b).
+
 One shape per process (the stamp record is the library's).
 """
 from __future__ import annotations
