@@ -148,30 +148,29 @@ def summarise(buf, kernel: str = "portable") -> dict:
     return out
 
 
-# The last tiles of a segment (its draft tiles: journal m32), per position from the end: intervals that
-# need no later tile, medians over the stamped CTAs.
-TAIL_INTERVALS = {
-    "portable": (("qk.k_wait", lambda e, i: e[i][QK_KFULL] - e[i - 1][QK_PFULL]),
-                 ("qk.mma", lambda e, i: e[i][QK_SCORES] - e[i][QK_KFULL]),
-                 ("qk.softmax", lambda e, i: e[i][QK_SOFTMAX] - e[i][QK_SCORES]),
-                 ("qk.handoff", lambda e, i: e[i][QK_PFULL] - e[i][QK_PFREE]),
-                 ("pv.mma", lambda e, i: e[i][PV_MMA_ISSUED] - e[i][PV_PFULL]),
-                 ("tile", lambda e, i: e[i][QK_PFULL] - e[i - 1][QK_PFULL])),
-    "hopper": (("wg0.k_wait", lambda e, i: e[i][WG0_KFULL] - e[i - 1][WG0_PV_DONE]),
-               ("wg0.qk", lambda e, i: e[i][WG0_SCORES] - e[i][WG0_KFULL]),
-               ("wg0.softmax", lambda e, i: e[i][WG0_SOFTMAX] - e[i][WG0_SCORES]),
-               ("wg0.p_free_wait", lambda e, i: e[i][WG0_PFREE] - e[i][WG0_SOFTMAX]),
-               ("wg0.share", lambda e, i: e[i][WG0_PFULL] - e[i][WG0_PFREE]),
-               ("wg0.pv", lambda e, i: e[i][WG0_PV_DONE] - e[i][WG0_PFULL]),
-               ("tile", lambda e, i: e[i][WG0_PV_DONE] - e[i - 1][WG0_PV_DONE])),
+# The last tiles of a segment (its draft tiles: journal m32), per position from the end: the intervals
+# of KERNELS that need no later tile, and the tile's own span, medians over the stamped CTAs.
+TAIL = {
+    "portable": (("qk.k_wait", "qk.mma", "qk.softmax", "qk.handoff", "pv.mma"),
+                 lambda e, i: e[i][QK_PFULL] - e[i - 1][QK_PFULL]),
+    "hopper": (("wg0.k_wait", "wg0.qk", "wg0.softmax", "wg0.p_free_wait", "wg0.share", "wg0.pv"),
+               lambda e, i: e[i][WG0_PV_DONE] - e[i - 1][WG0_PV_DONE]),
 }
+
+
+def tail_intervals(kernel: str) -> tuple:
+    """(name, f) of the --tail table: TAIL's names taken from KERNELS[kernel]'s intervals, then "tile"."""
+    named = dict(KERNELS[kernel]["intervals"])
+    names, tile = TAIL[kernel]
+    return tuple((name, named[name]) for name in names) + (("tile", tile),)
 
 
 def tail_summary(buf, kernel: str, k: int) -> dict:
     """Per position j = 1..k from the segment's end (j = 1: its last tile), the median cycles of
-    TAIL_INTERVALS over the stamped CTAs whose segment has at least k + 1 tiles, all stamped."""
+    tail_intervals(kernel) over the stamped CTAs whose segment has at least k + 1 tiles, all stamped."""
     need = KERNELS[kernel]["always"]
-    rows = {j: {name: [] for name, _ in TAIL_INTERVALS[kernel]} for j in range(1, k + 1)}
+    intervals = tail_intervals(kernel)
+    rows = {j: {name: [] for name, _ in intervals} for j in range(1, k + 1)}
     for c in range(CTAS):
         rec = buf[c * RECORD:(c + 1) * RECORD]
         n = int(rec[0])
@@ -181,7 +180,7 @@ def tail_summary(buf, kernel: str, k: int) -> dict:
         if not all(e[t][x] != 0 for t in range(n) for x in need):
             continue
         for j in range(1, k + 1):
-            for name, f in TAIL_INTERVALS[kernel]:
+            for name, f in intervals:
                 rows[j][name].append(f(e, n - j))
     return {f"last-{j - 1}" if j > 1 else "last": {name: statistics.median(xs) for name, xs in v.items() if xs}
             for j, v in rows.items()}
@@ -227,7 +226,7 @@ def main() -> int:
             print(f"  {name:15s} {v['median']:7.0f}  ({v['p10']:6.0f} - {v['p90']:6.0f})  {100 * v['median'] / per:5.1f}%")
     if args.tail:
         res["tail"] = tail_summary(buf, kernel, args.tail)
-        names = [name for name, _ in TAIL_INTERVALS[kernel]]
+        names = [name for name, _ in tail_intervals(kernel)]
         print("  the segment's last tiles (median cycles): " + " ".join(f"{x:>15s}" for x in names))
         for pos, v in res["tail"].items():
             print(f"  {pos:>8s} " + " ".join(f"{v.get(x, float('nan')):15.0f}" for x in names))
