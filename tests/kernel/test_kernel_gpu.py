@@ -255,6 +255,19 @@ def test_more_than_64_draft_tokens(ops, mask):
     _check_against_reference(batch, _run(ops, batch))
 
 
+@pytest.mark.parametrize("heads", [4, 6, 7, 12, 3, 5])
+def test_mask_read_by_row_groups(ops, heads):
+    """The draft mask of an 8-row group of a warp's rows spans one token (heads a multiple of 8) or
+    two (heads 4 or from 6 on): the warp reads those tokens' bytes together and each lane keeps its
+    own token's bits (group_draft_bits, Hopper and the warp-specialised portable kernel); heads 3 and 5
+    read a byte a lane. A random (not ancestor-closed) mask over several draft tiles, draft counts whose
+    last token ends inside a group (the group's other rows are padding), a request with no prefix and
+    one with the same count twice: every bit of every group is compared with float64."""
+    batch = make_verify_batch([70, 0, 1300, 5], num_heads=heads, draft_lens=[67, 130, 9, 67], mask="random",
+                              mask_dtype=U8, qo_indptr_dtype=I64, seed=71 + heads, device=DEV, index_garbage=GARBAGE)
+    _check_against_reference(batch, _run(ops, batch))
+
+
 @contextlib.contextmanager
 def _forced_splits(ops, monkeypatch, splits):
     """Plans made inside have `splits` splits (KDTREE_NUM_SPLITS) of one 64-key tile or more

@@ -45,39 +45,64 @@ __device__ __forceinline__ DraftRow draft_row(const uint8_t* mask, int heads, in
   return d;
 }
 
-// The draft keys [key_base, key_base + kKeys) that one draft token sees, as bits (bit k: key
-// key_base + k), read by the whole warp in one round trip (journal m32b): lane j reads the token's
-// mask bytes key_base + j, key_base + 32 + j, ... (every load issued before any is used) and the
-// warp's ballots gather them. Keys past the drafts read nothing and are invisible. For a warp whose
-// 8 rows of an mma fragment (lane / 4) are one draft token: heads a multiple of 8
-// (warp_rows_one_token). Per key, draft_key_visible makes every lane read its own bytes, and ptxas
-// orders those loads one after another (each behind a branch on the key): ~5,400 cycles a 64-key draft
-// tile on the Hopper path, ~3,000 a 32-key tile on the portable kernel (m32b).
-template <int kKeys>
-__device__ __forceinline__ uint64_t warp_draft_bits(const uint8_t* mask_row, int n, int key_base, int lane) {
+// The draft keys [key_base, key_base + kKeys) that each of kTokens draft tokens sees, as bits (bit k:
+// key key_base + k), read by the whole warp in one round trip (journal m32b): lane j reads each
+// token's mask bytes key_base + j, key_base + 32 + j, ... (every load issued before any is used) and
+// the warp's ballots gather them. Keys past the drafts, and a null row, read nothing and are
+// invisible. Per key, draft_key_visible makes every lane read its own bytes, and ptxas orders those
+// loads one after another (each behind a branch on the key): ~5,400 cycles a 64-key draft tile on
+// the Hopper path, ~3,000 a 32-key tile on the portable kernel (m32b).
+template <int kKeys, int kTokens>
+__device__ __forceinline__ void warp_draft_bits(const uint8_t* const (&rows)[kTokens], int n, int key_base, int lane,
+                                                uint64_t (&bits)[kTokens]) {
   static_assert(kKeys == 32 || kKeys == 64, "a draft tile of 32 or 64 keys");
   constexpr int kLoads = kKeys / 32;
-  uint32_t v[kLoads];
+  uint32_t v[kTokens][kLoads];
 #pragma unroll
-  for (int h = 0; h < kLoads; ++h) {
-    const int key = key_base + 32 * h + lane;
-    v[h] = key < n ? __ldg(mask_row + key) : 0u;
+  for (int t = 0; t < kTokens; ++t)
+#pragma unroll
+    for (int h = 0; h < kLoads; ++h) {
+      const int key = key_base + 32 * h + lane;
+      v[t][h] = rows[t] != nullptr && key < n ? __ldg(rows[t] + key) : 0u;
+    }
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) {
+    bits[t] = 0;
+#pragma unroll
+    for (int h = 0; h < kLoads; ++h)
+      bits[t] |= static_cast<uint64_t>(__ballot_sync(0xffffffffu, v[t][h] != 0u)) << (32 * h);
   }
-  uint64_t bits = 0;
-#pragma unroll
-  for (int h = 0; h < kLoads; ++h) bits |= static_cast<uint64_t>(__ballot_sync(0xffffffffu, v[h] != 0u)) << (32 * h);
-  return bits;
 }
 
-// Whether each 8-row group of a warp's mma fragment rows (row0 + 8 rr, row0 a multiple of 8 plus
-// lane / 4) lies in one draft token: rows are token * heads + head, so heads a multiple of 8.
-__device__ __forceinline__ bool warp_rows_one_token(int heads) { return (heads & 7) == 0; }
+// Whether the warp reads the mask of its mma fragment's 8-row groups together (group_draft_bits):
+// rows are token * heads + head and a group starts at a multiple of 8, so it spans at most two
+// tokens when heads > 7 - gcd(8, heads): heads 4 (two whole tokens; Kimi K2 at TP16) and every
+// count from 6 on (one token's rows when heads is a multiple of 8). Heads 1, 2, 3 and 5 read a byte
+// a lane (draft_key_visible).
+__device__ __forceinline__ bool warp_reads_group_mask(int heads) { return heads == 4 || heads >= 6; }
 
-// The draft row of the 8-row group starting at row `r8` (a multiple of 8) when it is one token
-// (warp_rows_one_token): its mask row, or null when the group is padding rows (all of them, since
-// n x heads is then a multiple of 8).
-__device__ __forceinline__ const uint8_t* group_mask_row(const uint8_t* mask, int heads, int prefix, int n, int r8) {
-  return r8 < n * heads ? draft_mask_row(mask, prefix, n, r8 / heads) : nullptr;
+// The draft keys [key_base, key_base + kKeys) that this lane's row (r8 + lane / 4) sees, as bits
+// (bit k: key key_base + k), for the 8-row group starting at row r8 (a multiple of 8) of a request
+// with a FULL_MASK block (`mask`, request_mask) and warp_reads_group_mask(heads): the warp reads the
+// group's one or two tokens in one round trip. Rows past the request (padding) see key 0 only, as
+// draft_key_visible has it. Warp-uniform: every lane of the warp must call it.
+template <int kKeys>
+__device__ __forceinline__ uint64_t group_draft_bits(const uint8_t* mask, int heads, int prefix, int n, int r8,
+                                                     int key_base, int lane) {
+  const uint64_t padding = key_base == 0 ? 1u : 0u;
+  const int t0 = r8 / heads, t1 = (r8 + 7) / heads;  // the group's first and last token: t1 <= t0 + 1
+  if (t0 >= n) return padding;
+  if (t1 == t0) {  // one token's rows (always, with heads a multiple of 8)
+    const uint8_t* const rows[1] = {draft_mask_row(mask, prefix, n, t0)};
+    uint64_t bits[1];
+    warp_draft_bits<kKeys, 1>(rows, n, key_base, lane, bits);
+    return bits[0];
+  }
+  const uint8_t* const rows[2] = {draft_mask_row(mask, prefix, n, t0), t1 < n ? draft_mask_row(mask, prefix, n, t1) : nullptr};
+  uint64_t bits[2];
+  warp_draft_bits<kKeys, 2>(rows, n, key_base, lane, bits);
+  if ((r8 + (lane >> 2)) / heads == t0) return bits[0];
+  return t1 < n ? bits[1] : padding;
 }
 
 }  // namespace kdtree

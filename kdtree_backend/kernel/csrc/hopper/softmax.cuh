@@ -21,25 +21,17 @@ struct SoftmaxState {
 // Scale into the log2 domain and mask one 64 x 64 score tile held in wgmma's accumulator layout:
 // s[8*nb + e] is row (warp*16 + lane/4 + 8*(e>>1)), key (8*nb + 2*(lane&3) + (e&1)).
 // The visibility of a draft tile's keys [key_base, key_base + 64) for this thread's two rows, as
-// bits (nb * 2 + (e & 1)) of bits[rr]. With heads a multiple of 8 each warp reads its two tokens'
-// mask bytes once, all loads in flight together (warp_draft_bits, journal m32b); otherwise every
-// lane reads its own bytes (draft_key_visible).
+// bits (nb * 2 + (e & 1)) of bits[rr]. Where an 8-row group of a warp's rows spans at most two
+// tokens (heads 4 or from 6 on) the warp reads their mask bytes in one round trip
+// (group_draft_bits, journal m32b, s8); otherwise every lane reads its own bytes (draft_key_visible).
 __device__ __forceinline__ void draft_tile_bits(const KdtreeVerifyParams& p, int b, int prefix, int n, int row0,
                                                 int lane, int key_base, uint32_t (&bits)[2]) {
   const uint8_t* mask = request_mask(p, b);
   const int col_lane = 2 * (lane & 3);
-  if (mask != nullptr && warp_rows_one_token(p.num_heads)) {
-    const uint8_t* rows[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) rows[rr] = group_mask_row(mask, p.num_heads, prefix, n, (row0 & ~7) + rr * 8);
-    uint64_t w[2] = {0, 0};
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)  // warp-uniform: a group is one token's rows or all padding
-      if (rows[rr] != nullptr) w[rr] = warp_draft_bits<64>(rows[rr], n, key_base, lane);
+  if (mask != nullptr && warp_reads_group_mask(p.num_heads)) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      // padding rows see key 0 only
-      const uint64_t v = rows[rr] != nullptr ? w[rr] >> col_lane : (key_base == 0 && col_lane == 0 ? 1u : 0u);
+      const uint64_t v = group_draft_bits<64>(mask, p.num_heads, prefix, n, (row0 & ~7) + rr * 8, key_base, lane) >> col_lane;
       uint32_t bb = 0;
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb)

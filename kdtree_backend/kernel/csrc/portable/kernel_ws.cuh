@@ -261,13 +261,11 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
         }
     } else {
       const uint8_t* mask = request_mask(p, ld_shared_s32(base + WsLayout::kSegB));
-      if (mask != nullptr && warp_rows_one_token(p.num_heads)) {  // one round trip a warp (m32b)
+      if (mask != nullptr && warp_reads_group_mask(p.num_heads)) {  // the warp reads a group's bytes together (m32b)
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
-          const uint8_t* mrow = group_mask_row(mask, p.num_heads, prefix, n, (row0 & ~7) + rr * 8);
-          // a group is one token's rows or all padding rows (which see key 0 only): warp-uniform
-          const uint32_t v = mrow != nullptr ? static_cast<uint32_t>(warp_draft_bits<32>(mrow, n, key_base, lane)) >> col_lane
-                                             : (key_base == 0 && col_lane == 0 ? 1u : 0u);
+          const uint32_t v =
+              static_cast<uint32_t>(group_draft_bits<32>(mask, p.num_heads, prefix, n, (row0 & ~7) + rr * 8, key_base, lane) >> col_lane);
 #pragma unroll
           for (int f = 0; f < NT; ++f)
 #pragma unroll
