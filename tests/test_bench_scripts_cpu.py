@@ -126,13 +126,14 @@ def test_driver_refuses_a_plan_below_its_commands_floors(drv, capsys):
     assert "step ab:200 cannot hold its commands" in err and "4 x variant build (30 s)" in err
     assert "5 x smoke timings (22 s)" in err and "give it ab:258 or more" in err
     _dry(drv, capsys, *[w.replace("ab:200", "ab:260") for w in words])
-    with pytest.raises(SystemExit):  # the portable racecheck of the slot tests alone takes ~255 s
-        drv.main(["--dry-run", "--commit", "abc1234", "--capability", "9.0", "sanitize:200", "portable"])
-    assert "sanitize:200 cannot hold" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the portable racecheck of the slot tests alone takes ~520 s (session 35)
+        drv.main(["--dry-run", "--commit", "abc1234", "--capability", "9.0", "sanitize:500", "portable"])
+    assert "sanitize:500 cannot hold" in capsys.readouterr().err
+    _dry(drv, capsys, "sanitize:300", "portable", "part=1/2")  # half of the families: ~260 s
     with pytest.raises(SystemExit):  # every step fits its own budget, the whole run does not fit --budget
         drv.main(["--dry-run", "--commit", "abc1234", "--capability", "9.0", "--budget", "250", "setup:40",
-                  "sanitize:300", "portable"])
-    assert "the steps need at least 285 s" in capsys.readouterr().err
+                  "sanitize:300", "portable", "part=1/2"])
+    assert "the steps need at least 290 s" in capsys.readouterr().err
 
 
 def test_driver_skips_a_step_whose_library_is_missing(drv, tmp_path):
@@ -184,6 +185,28 @@ def test_driver_dry_run_of_the_release_commands(drv, capsys):
                 f"no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k {p} ") in out
     assert "python3 bench/bench_modes.py --json /tmp/out/modes.json --bs 8,128" in out
     assert "back in /tmp/out: modes.json, run.json, logs.tar.gz" in out
+
+
+def test_driver_sanitize_in_parts(drv, capsys):
+    """The racecheck of the slot / part / merge / extra-CTA / short-segment / one-row-tile tests outgrew one
+    device call (session 35): `part=N/M` runs the N-th of M consecutive runs of those families, the smoke
+    racecheck (and Hopper's protocol probe) with part 1, memcheck with part M; together the parts run every
+    family once."""
+    fams = drv.RACECHECK_FAMILIES
+    for m in range(1, len(fams) + 1):
+        parts = [drv.racecheck_families(n, m) for n in range(1, m + 1)]
+        assert all(parts) and tuple(f for part in parts for f in part) == fams
+    one = _dry(drv, capsys, "sanitize", "both", "part=1/2")
+    two = _dry(drv, capsys, "sanitize", "both", "part=2/2")
+    for p in ("hopper", "portable"):
+        assert f"-k '(consecutive_slots or parts_span or two_split_merge) and {p}'" in one
+        assert f"-k '(extra_ctas or many_short_segments or one_row_tile) and {p}'" in two
+        assert f"racecheck-slots-{p}-part1of2.log" in one and f"racecheck-slots-{p}-part2of2.log" in two
+    assert "smoke.py --small" in one and "racecheck_probe" in one and "--tool memcheck" not in one
+    assert "smoke.py --small" not in two and "racecheck_probe" not in two and "--tool memcheck" in two
+    for bad in ("3/2", "0/1", "1/7", "half"):
+        with pytest.raises(drv.UsageError, match="part="):
+            drv.parse_steps(["sanitize", "hopper", f"part={bad}"])
 
 
 def test_driver_dry_run_of_the_ragged_batches(drv, capsys):

@@ -11,11 +11,15 @@ A step name starts a step and the words after it, up to the next step name, are 
                                (`python3 -m kdtree_backend.build --check`), record GPU and library info
   tests PATHS                  GPU pytest (-m gpu tests/) once per kernel path: KDTREE_KERNEL=path, the
                                kernel tests of that path and every other GPU test
-  sanitize PATHS               per path: racecheck over the smoke cases (bench/diag/smoke.py --small) and
-                               the sanitizer-sized consecutive-slot, part-schedule, two-piece merge and
-                               extra-CTA tests, memcheck over the path's sanitizer-sized kernel tests
-                               (KDTREE_TEST_SMALL=1). Both paths need ~560 s on the H200 (s3): give the
-                               step a call of its own (`setup sanitize:550 both`), or each path one
+  sanitize PATHS [part=N/M]    per path: racecheck over the smoke cases (bench/diag/smoke.py --small) and
+                               the sanitizer-sized consecutive-slot, part-schedule, two-piece merge,
+                               extra-CTA, short-segment and one-row-tile tests, memcheck over the path's
+                               sanitizer-sized kernel tests (KDTREE_TEST_SMALL=1). The racecheck of those
+                               tests outgrew one call (session 35, H200: ~29 s a test on the portable
+                               path, 18 tests; ~55 s a test on Hopper, whose P hand-off reports print):
+                               `part=N/M` runs the N-th of M runs of their families, the smoke cases'
+                               racecheck with part 1 and memcheck with part M (part=1/2, 2/2 portable;
+                               1/3 .. 3/3 Hopper, a call each)
   bench GRID PATHS [OPT ...]   bench/bench_verify.py --grid GRID --paths PATHS, its --time-limit taken from
                                the step's budget; OPTs go to bench_verify.py as they are
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
@@ -92,7 +96,12 @@ MAX_RESULT_FILES = 6  # + run.json + logs.tar.gz = the 8 files $OUT brings back
 BUILD_FLOOR_S = 30.0
 ONE_ARCH_BUILD_FLOOR_S = 20.0
 SMOKE_FLOOR_S = 22.0
-RACECHECK_SLOTS_FLOOR_S = {"portable": 255.0}
+RACECHECK_SLOTS_FLOOR_S = {"portable": 520.0}  # all six families (18 tests); a part's is its families' share
+# The racecheck selection of `sanitize`: test-name families of tests/kernel/test_kernel_gpu.py (s1: the
+# part schedule's walks, the merge of pieces; s3: the extra CTAs; s6: the covering parts with idle extra
+# CTAs), in the order `part=N/M` cuts them.
+RACECHECK_FAMILIES = ("consecutive_slots", "parts_span", "two_split_merge", "extra_ctas", "many_short_segments",
+                      "one_row_tile")
 KERNEL_NAME_RE = {"hopper": "hopper_kernel", "portable": "verify_ws_kernel", "portable-tiled": "verify_attention_kernel"}
 NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis",
                 "MemoryWorkloadAnalysis_Tables", "LaunchStats", "Occupancy", "SourceCounters")
@@ -140,7 +149,7 @@ class Step:
 
     def plain(self) -> list:
         """The arguments that are not `key=value` options of the driver."""
-        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes|slots|from)=", a)]
+        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes|slots|from|part)=", a)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -199,6 +208,8 @@ def _check_step(s: Step) -> None:
         parse_paths(plain[1] if s.name == "bench" else plain[0])
     if s.name in ("tests", "sanitize") and len(plain) > 1:
         raise UsageError(f"step {s.name}: unexpected {plain[1:]}")
+    if s.name == "sanitize" and s.option("part") is not None:
+        sanitize_part(s)
     if s.name == "bench" and not re.fullmatch(r"[a-z]+(,[a-z]+)*", plain[0]):
         raise UsageError(f"step bench: grid {plain[0]!r} (main, ddtree, customer, quick, or several: main,ddtree)")
     if s.name == "profile":
@@ -341,11 +352,27 @@ def _not_other_paths(p: str) -> str:
     return " and ".join(f"not {PATH_TEST_ID[q]}" for q in KERNEL_PATHS if q != p)
 
 
+def sanitize_part(s: Step) -> tuple:
+    """(N, M) of the sanitize step's `part=N/M` ((1, 1) without it): 1 <= N <= M <= the families."""
+    text = s.option("part") or "1/1"
+    m = re.fullmatch(r"(\d+)/(\d+)", text)
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)) <= len(RACECHECK_FAMILIES):
+        raise UsageError(f"step sanitize: part={text!r} (N/M with 1 <= N <= M <= {len(RACECHECK_FAMILIES)})")
+    return int(m.group(1)), int(m.group(2))
+
+
+def racecheck_families(n: int, m: int) -> tuple:
+    """The families of part n of m: consecutive runs of RACECHECK_FAMILIES, as even as whole families go."""
+    k = len(RACECHECK_FAMILIES)
+    return RACECHECK_FAMILIES[(n - 1) * k // m:n * k // m]
+
+
 def commands_sanitize(s: Step, ctx: Context) -> list:
     out = []
     paths = ctx.paths(s.plain()[0])
     san = ["compute-sanitizer", "--print-limit", "20"]
-    if "hopper" in paths:
+    n, m = sanitize_part(s)
+    if "hopper" in paths and n == 1:
         # issue 26: does racecheck understand the Hopper kernel's named-barrier hand-off? The protocol
         # alone, in three forms (bench/diag/racecheck_probe.cu), under racecheck; first, it takes seconds.
         probe = str(ctx.work / "racecheck_probe")
@@ -355,26 +382,23 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
         for mode in (0, 1, 2):
             out.append(Command(f"racecheck probe, mode {mode}", [*san, "--tool", "racecheck", probe, str(mode), "4"],
                                f"probe-racecheck-{mode}.log", share=0.01, echo=r"RACECHECK SUMMARY|RESULT"))
+    families = racecheck_families(n, m)
     for p in paths:
         small = {"KDTREE_KERNEL": p, "KDTREE_TEST_SMALL": "1"}
         tests = ["tests/kernel/test_kernel_gpu.py"]
-        out += [
-            Command(f"racecheck, smoke cases ({p})", [*san, "--tool", "racecheck", PYTHON, "bench/diag/smoke.py",
-                                                      "--small", "--no-triton"],
-                    f"racecheck-{p}.log", share=0.15 / len(paths), env={"KDTREE_KERNEL": p},
-                    echo=r"RACECHECK SUMMARY|smoke"),
-            # s1: also the part schedule's walks (several segments a CTA, barriers re-initialised
-            # between them), the merge of pieces, (s3) the extra CTAs' walks across row tiles and
-            # (s6) the covering parts with idle extra CTAs
-            Command(f"racecheck, consecutive slots and parts ({p})", [*san, "--tool", "racecheck", *_pytest(
-                "-x", *tests, "-k",
-                f"(consecutive_slots or parts_span or two_split_merge or extra_ctas or many_short_segments or one_row_tile) and "
-                f"{PATH_TEST_ID[p]}")],
-                f"racecheck-slots-{p}.log", share=0.6 / len(paths),  # H200: 160-180 s the tiled kernel (s3), 255 s the warp-specialised one (p16): give sanitize >= 430 s a path
-                env=small, echo=r"RACECHECK SUMMARY|passed|failed", floor_s=RACECHECK_SLOTS_FLOOR_S.get(p, 0.0)),
-            Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", PATH_TEST_ID[p])],
-                    f"memcheck-{p}.log", share=0.2 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"),
-        ]
+        if n == 1:
+            out.append(Command(f"racecheck, smoke cases ({p})", [*san, "--tool", "racecheck", PYTHON, "bench/diag/smoke.py",
+                                                                 "--small", "--no-triton"],
+                               f"racecheck-{p}.log", share=0.15 / len(paths), env={"KDTREE_KERNEL": p},
+                               echo=r"RACECHECK SUMMARY|smoke"))
+        tag = "" if m == 1 else f"-part{n}of{m}"
+        out.append(Command(f"racecheck, {' / '.join(families)} ({p})", [*san, "--tool", "racecheck", *_pytest(
+            "-x", *tests, "-k", f"({' or '.join(families)}) and {PATH_TEST_ID[p]}")],
+            f"racecheck-slots-{p}{tag}.log", share=0.6 / len(paths), env=small, echo=r"RACECHECK SUMMARY|passed|failed",
+            floor_s=RACECHECK_SLOTS_FLOOR_S.get(p, 0.0) * len(families) / len(RACECHECK_FAMILIES)))
+        if n == m:
+            out.append(Command(f"memcheck ({p})", [*san, "--tool", "memcheck", *_pytest("-x", *tests, "-k", PATH_TEST_ID[p])],
+                               f"memcheck-{p}.log", share=0.2 / len(paths), env=small, echo=r"ERROR SUMMARY|passed|failed"))
     return out
 
 
