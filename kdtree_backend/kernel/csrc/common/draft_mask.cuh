@@ -79,7 +79,7 @@ __device__ __forceinline__ void warp_draft_bits(const uint8_t* const (&rows)[kTo
 // tokens when heads > 7 - gcd(8, heads): heads 4 (two whole tokens; Kimi K2 at TP16) and every
 // count from 6 on (one token's rows when heads is a multiple of 8). Heads 1, 2, 3 and 5 read a byte
 // a lane (draft_key_visible).
-__device__ __forceinline__ bool warp_reads_group_mask(int heads) { return heads == 4 || heads >= 6; }
+__host__ __device__ __forceinline__ bool warp_reads_group_mask(int heads) { return heads == 4 || heads >= 6; }
 
 // The draft keys [key_base, key_base + kKeys) that this lane's row (r8 + lane / 4) sees, as bits
 // (bit k: key key_base + k), for the 8-row group starting at row r8 (a multiple of 8) of a request
