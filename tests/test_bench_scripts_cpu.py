@@ -207,6 +207,8 @@ def test_driver_sanitize_in_parts(drv, capsys):
     for bad in ("3/2", "0/1", "1/7", "half"):
         with pytest.raises(drv.UsageError, match="part="):
             drv.parse_steps(["sanitize", "hopper", f"part={bad}"])
+    with pytest.raises(drv.UsageError, match="sanitize step's option"):
+        drv.parse_steps(["tests", "hopper", "part=1/2"])
 
 
 def test_driver_dry_run_of_the_ragged_batches(drv, capsys):

@@ -208,7 +208,9 @@ def _check_step(s: Step) -> None:
         parse_paths(plain[1] if s.name == "bench" else plain[0])
     if s.name in ("tests", "sanitize") and len(plain) > 1:
         raise UsageError(f"step {s.name}: unexpected {plain[1:]}")
-    if s.name == "sanitize" and s.option("part") is not None:
+    if s.option("part") is not None:
+        if s.name != "sanitize":
+            raise UsageError(f"step {s.name}: part= is the sanitize step's option")
         sanitize_part(s)
     if s.name == "bench" and not re.fullmatch(r"[a-z]+(,[a-z]+)*", plain[0]):
         raise UsageError(f"step bench: grid {plain[0]!r} (main, ddtree, customer, quick, or several: main,ddtree)")
