@@ -162,7 +162,9 @@ def test_driver_result_file_names(drv):
 # the device driver: what it would run
 # ------------------------------------------------------------------------------------------
 def test_driver_dry_run_of_the_release_commands(drv, capsys):
-    out = _dry(drv, capsys, "setup", "tests", "both", "sanitize", "both", "modes")
+    # the sanitizers take a call of their own since session 35 (bench/README.md): their floors alone
+    # (the portable racecheck's 520 s, the Hopper probe's 40 s) fill a call
+    out = _dry(drv, capsys, "setup", "tests", "both", "modes") + _dry(drv, capsys, "sanitize", "both")
     assert "--target /tmp/site" in out and "--no-index --no-deps --no-compile --no-cache-dir --upgrade" in out
     assert "python3 -m kdtree_backend.build --check" in out
     assert ("KDTREE_KERNEL=hopper python3 -m pytest -q -p no:cacheprovider -m gpu --continue-on-collection-errors "
@@ -185,6 +187,22 @@ def test_driver_dry_run_of_the_release_commands(drv, capsys):
                 f"no:cacheprovider -x tests/kernel/test_kernel_gpu.py -k {p} ") in out
     assert "python3 bench/bench_modes.py --json /tmp/out/modes.json --bs 8,128" in out
     assert "back in /tmp/out: modes.json, run.json, logs.tar.gz" in out
+
+
+def test_driver_sanitize_runs_the_probe_after_a_slow_build(tmp_path):
+    """CI (session 35): the racecheck probe's build and runs had shares of a 300 s step (6 s, 3 s)
+    below the 5 s under which the driver skips a command, so an nvcc that took 7 s left mode 0 out.
+    They have floors now: every mode runs after a slow build."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls.txt"
+    _fake_tool(bindir, "nvcc", "sleep 7\n")
+    _fake_tool(bindir, "compute-sanitizer", f'echo "$*" >> {calls}\necho "========= RACECHECK SUMMARY: 0 hazards"\n')
+    r, _ = _run_driver(tmp_path, bindir, "sanitize", "hopper")
+    assert r.returncode == 0, r.stdout + r.stderr
+    probe = [ln.split()[-2] for ln in calls.read_text().splitlines() if "racecheck_probe" in ln]
+    assert probe == ["0", "1", "2"], r.stdout
+    assert "skipped" not in r.stdout
 
 
 def test_driver_sanitize_in_parts(drv, capsys):

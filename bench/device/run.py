@@ -97,6 +97,7 @@ MAX_RESULT_FILES = 6  # + run.json + logs.tar.gz = the 8 files $OUT brings back
 BUILD_FLOOR_S = 30.0
 ONE_ARCH_BUILD_FLOOR_S = 20.0
 SMOKE_FLOOR_S = 22.0
+PROBE_FLOOR_S = 10.0  # the racecheck probe's build and each of its three runs (1-7 s on the H200)
 RACECHECK_SLOTS_FLOOR_S = {"portable": 520.0}  # all six families (18 tests); a part's is its families' share
 # The racecheck selection of `sanitize`: test-name families of tests/kernel/test_kernel_gpu.py (s1: the
 # part schedule's walks, the merge of pieces; s3: the extra CTAs; s6: the covering parts with idle extra
@@ -379,12 +380,15 @@ def commands_sanitize(s: Step, ctx: Context) -> list:
         # issue 26: does racecheck understand the Hopper kernel's named-barrier hand-off? The protocol
         # alone, in three forms (bench/diag/racecheck_probe.cu), under racecheck; first, it takes seconds.
         probe = str(ctx.work / "racecheck_probe")
+        # Floors: their shares of a 300 s step (3-6 s) sat below the 5 s under which a command is
+        # skipped, so a slower nvcc build left mode 0 out (CI, session 35); each takes 1-2 s on the H200.
         out.append(Command("build the racecheck probe", ["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-o", probe,
                                                          "bench/diag/racecheck_probe.cu"], "probe-build.log",
-                           share=0.02))
+                           share=0.02, floor_s=PROBE_FLOOR_S))
         for mode in (0, 1, 2):
             out.append(Command(f"racecheck probe, mode {mode}", [*san, "--tool", "racecheck", probe, str(mode), "4"],
-                               f"probe-racecheck-{mode}.log", share=0.01, echo=r"RACECHECK SUMMARY|RESULT"))
+                               f"probe-racecheck-{mode}.log", share=0.01, echo=r"RACECHECK SUMMARY|RESULT",
+                               floor_s=PROBE_FLOOR_S))
     families = racecheck_families(n, m)
     for p in paths:
         small = {"KDTREE_KERNEL": p, "KDTREE_TEST_SMALL": "1"}
