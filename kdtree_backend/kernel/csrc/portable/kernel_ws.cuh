@@ -75,6 +75,7 @@ struct WsShared {
   int seg_row_tile;
   int seg_prefix;  // the request's prefix length and draft count, read by the gather lanes where needed
   int seg_n;       // (held in registers across the PV loop, they spilled sm_120a's PV role; p24, p27)
+  int seg_last;    // the part's last segment (s9: it triggers the combine; in a register it spilled too)
   ScheduleScratch sched;
 };
 
@@ -95,6 +96,7 @@ struct WsLayout {
   static constexpr int kSegRowTile = static_cast<int>(offsetof(WsShared, seg_row_tile));
   static constexpr int kSegPrefix = static_cast<int>(offsetof(WsShared, seg_prefix));
   static constexpr int kSegN = static_cast<int>(offsetof(WsShared, seg_n));
+  static constexpr int kSegLast = static_cast<int>(offsetof(WsShared, seg_last));
   static constexpr int kSched = static_cast<int>(offsetof(WsShared, sched));
   static constexpr int kBytes = static_cast<int>(sizeof(WsShared));
 };
@@ -138,6 +140,7 @@ __device__ __forceinline__ void segment_prologue(const KdtreeVerifyParams& p, co
     *reinterpret_cast<int*>(g_smem + WsLayout::kSegRowTile) = row_tile;
     *reinterpret_cast<int*>(g_smem + WsLayout::kSegPrefix) = req.prefix;
     *reinterpret_cast<int*>(g_smem + WsLayout::kSegN) = req.n;
+    *reinterpret_cast<int*>(g_smem + WsLayout::kSegLast) = cw.last ? 1 : 0;
     for (int s = 0; s < WsConfig::kStages; ++s) {
       if (!first) mbar_inval(k_full_bar(s));
       mbar_init(k_full_bar(s), WsConfig::kPvWarps);  // each PV warp's arrive.expect_tx; the bytes end the phase
@@ -497,6 +500,10 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();  // the QK warps' row_m / row_l
+  // s9 (h39b on the Hopper path): the split combine, a programmatic dependent, may start once every
+  // CTA is here at its part's last segment; its blocks load their request's indices while these
+  // stores drain, then wait for this grid to complete.
+  if (c == 0 && lane == 0 && ld_shared_s32(base + WsLayout::kSegLast) != 0) pdl_launch_dependents();
 
   const bool direct = ld_shared_s32(base + WsLayout::kSegDirect) != 0;
   const int slot = ld_shared_s32(base + WsLayout::kSegSlot);

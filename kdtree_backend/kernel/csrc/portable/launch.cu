@@ -27,9 +27,12 @@ KernelFamily<Kernel, 2> g_kernels("the portable verify kernel (tiled)", "", kSme
 
 static_assert(kRowsPerTile == Cfg::kM, "portable/launch.h and the kernel disagree on the row tile");
 
-int combine(const KdtreeVerifyParams& p, int row_tiles, int extra, cudaStream_t stream, char* err, size_t err_len) {
+int combine(const KdtreeVerifyParams& p, int row_tiles, int extra, cudaStream_t stream, char* err, size_t err_len,
+            bool pdl) {
   if (!split_launch(p.num_splits, extra)) return KDTREE_OK;
-  const cudaError_t e = launch_combine<Cfg>(p, row_tiles, extra, stream);
+  // s9: after the warp-specialised kernel, whose CTAs trigger it at their part's last segment, the
+  // merge of up to kCombinePdlMaxSplits pieces a request is a programmatic dependent (h39b's rule).
+  const cudaError_t e = pdl ? launch_combine<Cfg, true>(p, row_tiles, extra, stream) : launch_combine<Cfg>(p, row_tiles, extra, stream);
   if (e != cudaSuccess)
     return report(KDTREE_ERR_CUDA, err, err_len, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
   return KDTREE_OK;

@@ -27,7 +27,8 @@ int launch(const KdtreeVerifyParams& p, bool tiled_only, cudaStream_t stream, ch
 int probe(int device, char* msg, size_t msg_len);
 // The split combine after a launch of `row_tiles` row tiles and `extra` remainder CTAs (both tilings'
 // launches use it; implemented with the tiled kernel, in portable/launch.cu).
-int combine(const KdtreeVerifyParams& p, int row_tiles, int extra, cudaStream_t stream, char* err, size_t err_len);
+int combine(const KdtreeVerifyParams& p, int row_tiles, int extra, cudaStream_t stream, char* err, size_t err_len,
+            bool pdl = false);
 
 namespace ws {
 // portable/launch_ws.cu. Whether the warp-specialised kernel can run on `device`: an image for its

@@ -69,7 +69,7 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   kKernels[p.batch == 1 ? 0 : 1]<<<grid, WsConfig::kThreads, WsLayout::kBytes, stream>>>(p);
   rc = g_kernels.launched(grid, err, err_len);
   if (rc != KDTREE_OK) return rc;
-  return combine(p, row_tiles, extra, stream, err, err_len);
+  return combine(p, row_tiles, extra, stream, err, err_len, /*pdl=*/true);  // s9: the kernel triggers it
 }
 
 }  // namespace ws
