@@ -150,6 +150,12 @@ def test_plan_refuses_draft_counts_above_the_abi_limit(report):
         assert rc != 0 and f"not in [1, {abi.MAX_QO_LEN}]" in lib.kdtree_error_string(rc).decode()
 
 
+def _schedule_cache_bytes(batch, grid_ctas):
+    """The schedule cache a batch launch keeps at its workspace's end (common/schedule.cuh, journal
+    m35): a 192-byte record a CTA, the int64 snapshot of qo_indptr and kv_indptr, a 64-byte header."""
+    return 0 if batch <= 1 else grid_ctas * 192 + 16 * (batch + 1) + 64
+
+
 @pytest.mark.parametrize("config", [abi.CONFIG_PORTABLE, abi.CONFIG_HOPPER])
 def test_requested_splits_are_planned_with_their_workspace(report, config):
     """KDTREE_NUM_SPLITS / KDTREE_MIN_KEYS_PER_SPLIT reach the plan as its inputs, and the plan alone
@@ -160,8 +166,10 @@ def test_requested_splits_are_planned_with_their_workspace(report, config):
     assert lib.kdtree_verify_plan(32, 16, 64, 132, config, ctypes.byref(plan)) == 0  # would plan 8 parts
     assert plan.num_splits == 8 and plan.min_keys_per_split == 128 and plan.row_tiles == 16
     # two slots a part of 16 x 64 rows (512 fp32 + 1 lse each), then (first part, pieces) a (request,
-    # row tile) (s3: 16 x 8 = 128 CTAs leave 4 of 132 SMs idle, too few for 16 row tiles' remainders)
-    assert plan.workspace_bytes == 2 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4 + 32 * 16 * 8
+    # row tile) (s3: 16 x 8 = 128 CTAs leave 4 of 132 SMs idle, too few for 16 row tiles' remainders),
+    # then the schedule cache of the 128 CTAs
+    assert plan.workspace_bytes == (2 * 8 * 16 * 64 * (abi.V_HEAD_DIM + 1) * 4 + 32 * 16 * 8
+                                    + _schedule_cache_bytes(32, 128))
     plan = abi.VerifyPlan(requested_splits=1)
     assert lib.kdtree_verify_plan(1, 8, 16, 132, config, ctypes.byref(plan)) == 0  # would plan 33-66
     assert plan.num_splits == 1 and plan.workspace_bytes == 0
@@ -182,14 +190,18 @@ def test_plan_is_host_only_and_covers_the_gpu(report):
     assert plan.workspace_bytes == 2 * plan.num_splits * 2 * 64 * (512 + 1) * 4 + 1 * 2 * 8  # one request: no extra CTAs
     # A batch of 16 row tiles: 8 parts a row tile (128 CTAs, one wave) over the whole batch.
     assert lib.kdtree_verify_plan(32, 16, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
-    assert plan.num_splits == 8 and plan.workspace_bytes == 2 * 8 * 16 * 64 * 513 * 4 + 32 * 16 * 8
+    assert plan.num_splits == 8
+    assert plan.workspace_bytes == 2 * 8 * 16 * 64 * 513 * 4 + 32 * 16 * 8 + _schedule_cache_bytes(32, 128)
     # B8 H8 n65 (s3): 9 row tiles x 14 parts and 6 extra CTAs for the remainders: 2 more parts' slots
     assert lib.kdtree_verify_plan(8, 8, 65, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
     assert (plan.row_tiles, plan.num_splits) == (9, 14)
-    assert plan.workspace_bytes == 2 * (14 + 2) * 9 * 64 * 513 * 4 + 8 * 9 * 8
-    # Row tiles that fill the GPU alone are not split and need no workspace.
+    assert plan.workspace_bytes == 2 * (14 + 2) * 9 * 64 * 513 * 4 + 8 * 9 * 8 + _schedule_cache_bytes(8, 9 * 14 + 6)
+    # Row tiles that fill the GPU alone are not split: a batch's workspace is its schedule cache only,
+    # and one request's is empty.
     assert lib.kdtree_verify_plan(4, 128, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
-    assert plan.row_tiles == 128 and plan.num_splits == 1 and plan.workspace_bytes == 0
+    assert plan.row_tiles == 128 and plan.num_splits == 1 and plan.workspace_bytes == _schedule_cache_bytes(4, 128)
+    assert lib.kdtree_verify_plan(1, 128, 64, 132, abi.CONFIG_PORTABLE, ctypes.byref(plan)) == 0
+    assert plan.num_splits == 1 and plan.workspace_bytes == 0
 
 
 @pytest.mark.parametrize(

@@ -417,6 +417,61 @@ def test_planned_two_splits_at_b32_h8_n16(ops):
     _check_against_reference(batch, _run(ops, batch))
 
 
+def _schedule_cache(ops, B, heads, max_qo_len):
+    """(generation, arrived) of the schedule cache header (the workspace's last 64 bytes, journal m35) of
+    the op's launch shape on the current stream, and the workspace with its byte count."""
+    stream = torch.cuda.current_stream().cuda_stream
+    plan = next(v for k, v in ops._plans.items() if k[1] == stream and k[2:5] == (B, heads, max_qo_len))
+    nbytes = plan.c_plan.workspace_bytes
+    header = plan.workspace[nbytes - 64:]
+    return int(header[40:48].view(torch.int64).item()), int(header[36:40].view(torch.int32).item()), plan.workspace, nbytes
+
+
+@pytest.mark.parametrize("heads,drafts,prefixes", [(8, 65, [700, 33, 1500, 0, 260, 4100]), (16, 4, [5000, 5000, 12])],
+                         ids=["B6-H8-n65", "B3-H16-n4"])
+def test_schedule_cache_is_used_only_for_its_lengths(ops, kernel_path, heads, drafts, prefixes):
+    """Journal m35: a batch launch keeps each CTA's schedule in its workspace with a snapshot of the
+    index arrays, and takes it back only when the lengths and the launch are the same. Every call is
+    checked against float64, and the header's generation shows which calls recomputed: new values
+    under the same lengths reuse the schedule (generation unchanged); one prefix one key longer, new
+    draft counts, records overwritten under a matching header (that CTA alone recomputes, nothing is
+    written), and the first lengths again each recompute or are caught. The tiled kernel does not
+    keep a cache (generation stays 0)."""
+    B = len(prefixes)
+    cached = kernel_path != "portable-tiled"
+
+    def call(prefix, seed, draft_lens=drafts):
+        batch = make_verify_batch(prefix, num_heads=heads, draft_lens=draft_lens, mask="tree", mask_dtype=U8,
+                                  qo_indptr_dtype=I64, seed=seed, device=DEV, index_garbage=GARBAGE)
+        _check_against_reference(batch, _run(ops, batch, max_qo_len=drafts), what=f"call seed {seed}")
+        gen, arrived, ws, nbytes = _schedule_cache(ops, B, heads, drafts)
+        assert arrived == 0, "the arrival counter must be back at 0 after every launch"
+        return gen, ws, nbytes
+
+    g0, _, _ = call(prefixes, 31)  # the key may have been planned by an earlier test: compare from here
+    g1, _, _ = call(prefixes, 32)  # the same lengths, new q, k, cache, slots and mask
+    assert g1 == g0, "equal lengths must reuse the schedule"
+    longer = list(prefixes)
+    longer[B // 2] += 1
+    g2, ws, nbytes = call(longer, 33)
+    assert g2 == (g0 + 1 if cached else 0), "new lengths must recompute the schedule"
+    ragged = [max(1, drafts - i % 3) for i in range(B)]
+    g3, ws, nbytes = call(longer, 34, draft_lens=ragged)
+    assert g3 == (g2 + 1 if cached else 0), "new draft counts must recompute the schedule"
+    # Overwrite every record (the region before the snapshot and header), keep header and snapshot:
+    # no record matches the header's generation, every CTA recomputes on its own and writes nothing.
+    snap_and_header = 16 * (B + 1) + 64
+    assert nbytes - snap_and_header >= 192 * 8
+    ws[nbytes - snap_and_header - 192 * 8: nbytes - snap_and_header] = torch.randint(
+        0, 256, (192 * 8,), dtype=torch.uint8, device=DEV)
+    g4, _, _ = call(longer, 35, draft_lens=ragged)
+    assert g4 == g3, "an overwritten record is recomputed by its CTA alone, without a new generation"
+    g5, _, _ = call(prefixes, 36)
+    assert g5 == (g3 + 1 if cached else 0), "the first lengths again must recompute the schedule"
+    g6, _, _ = call(prefixes, 37)
+    assert g6 == g5
+
+
 @pytest.mark.parametrize("sm_scale,k_scale", [(192 ** -0.5, -0.8), (-(192 ** -0.5), 1.0), (192 ** -0.5, 0.0)],
                          ids=["negative-k_scale", "negative-sm_scale", "zero-k_scale"])
 def test_non_positive_score_scales(ops, sm_scale, k_scale):

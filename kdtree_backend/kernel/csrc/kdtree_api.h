@@ -36,7 +36,8 @@ typedef struct KdtreeVerifyParams {
   const void* mask_indptr;     // int64 [B+1]; ignored when custom_mask is NULL
   void* out;                   // bf16 [T, H*512]
   int64_t out_stride_tok;
-  void* workspace;             // from kdtree_verify_plan: split partials + log-sum-exp
+  void* workspace;             // plan.workspace_bytes, zero-filled once when allocated, then reused: split
+                               // partials + log-sum-exp, and a batch launch's schedule cache (m35)
   int64_t workspace_bytes;
   int32_t batch;
   int32_t num_heads;
@@ -67,7 +68,7 @@ typedef struct KdtreePlan {
   int32_t row_tiles;
   int32_t rows_per_tile;
   int32_t min_keys_per_split;  // 0 (Hopper): each request's split length is chosen on the device
-  int64_t workspace_bytes;     // 0 when num_splits == 1
+  int64_t workspace_bytes;     // 0 only for one request in one part
 } KdtreePlan;
 
 // Kernel configurations (KdtreeVerifyParams.config, kdtree_verify_plan's `config`).

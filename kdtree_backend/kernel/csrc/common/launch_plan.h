@@ -41,25 +41,17 @@ inline int status_of(cudaError_t e) {
                                                                                        : KDTREE_ERR_CUDA;
 }
 
-// The split workspace (common/schedule.cuh, workspace_view): 2 slots a (virtual) part of
-// row_tiles x rows_per_tile partial rows (512 fp32 and one fp32 log2-sum-exp each), then one int2 a
-// (request, row tile). None when nothing is cut: every request is then written directly.
-inline int64_t workspace_bytes(int batch, int parts, int row_tiles, int rows_per_tile, int extra) {
-  if (!split_launch(parts, extra)) return 0;
-  const int64_t slots = 2 * static_cast<int64_t>(slot_parts(parts, row_tiles, extra));
-  return slots * row_tiles * rows_per_tile * (kVDim + 1) * 4 + static_cast<int64_t>(batch) * row_tiles * 8;
-}
-
-// KDTREE_OK, or KDTREE_ERR_WORKSPACE with the reason in `err` when a split launch lacks room.
+// KDTREE_OK, or KDTREE_ERR_WORKSPACE with the reason in `err` when the launch lacks room for its
+// workspace (common/schedule.cuh, launch_workspace_bytes: the split region when the rows are cut into
+// parts, the schedule cache of a batch launch).
 inline int check_workspace(const KdtreeVerifyParams& p, int row_tiles, int rows_per_tile, int extra, char* err,
                            size_t err_len) {
-  if (!split_launch(p.num_splits, extra)) return KDTREE_OK;
-  const int64_t need = workspace_bytes(p.batch, p.num_splits, row_tiles, rows_per_tile, extra);
-  if (p.workspace != nullptr && p.workspace_bytes >= need) return KDTREE_OK;
+  const int64_t need = launch_workspace_bytes(p.batch, p.num_splits, row_tiles, rows_per_tile, extra);
+  if (need == 0 || (p.workspace != nullptr && p.workspace_bytes >= need)) return KDTREE_OK;
   snprintf(err, err_len,
-           "workspace of %lld bytes is too small: %lld needed for %d parts and %d extra CTAs (plan it with this "
-           "GPU's SM count)",
-           static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.num_splits, extra);
+           "workspace of %lld bytes is too small: %lld needed for %d requests, %d parts and %d extra CTAs (plan it "
+           "with this GPU's SM count; a batch launch keeps its schedule there)",
+           static_cast<long long>(p.workspace_bytes), static_cast<long long>(need), p.batch, p.num_splits, extra);
   return KDTREE_ERR_WORKSPACE;
 }
 
@@ -79,7 +71,7 @@ inline void fill_plan(int rows_per_tile, int min_keys_per_split, int batch, int 
                                                                      : min_keys_per_split;
   // s3: a batch launch gives the wave's idle SMs the row tiles' remainders (common/schedule.cuh);
   // the launcher derives the same count from the device's SM count.
-  plan->workspace_bytes = workspace_bytes(batch, parts, row_tiles, rows_per_tile, extra_ctas(batch, row_tiles, parts, num_sms));
+  plan->workspace_bytes = launch_workspace_bytes(batch, parts, row_tiles, rows_per_tile, extra_ctas(batch, row_tiles, parts, num_sms));
 }
 
 }  // namespace kdtree

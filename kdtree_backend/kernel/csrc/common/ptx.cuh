@@ -40,6 +40,13 @@ __device__ __forceinline__ int grid_dim_x() {
   asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(v));
   return v;
 }
+// threadIdx.x, read where it is used (volatile, as grid_dim_x: a predicate on it held across the
+// batch scan was spilled by sm_100 / sm_120's ptxas in the warp-specialised kernel, m35).
+__device__ __forceinline__ int thread_index_volatile() {
+  int v;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(v));
+  return v;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

@@ -4,6 +4,7 @@
 // Shared by the portable and Hopper kernels and the split combine, so they agree.
 #pragma once
 #include <cuda_bf16.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../kdtree_api.h"
@@ -86,6 +87,9 @@ __device__ __forceinline__ WorkspaceView launch_workspace(const KdtreeVerifyPara
 // walk is live in registers across a segment (the portable kernel has none to spare on sm_120).
 struct ScheduleScratch {
   int64_t warp_cost[32];   // each warp's sum of its requests' costs
+  int warp_max_tiles[32];  // each warp's longest request in key tiles
+  // The part state: what part_begin leaves for the walk, from first_index to state_end (a CTA's
+  // record in the schedule cache, m35; cached_part_begin copies it as 8-byte words).
   int64_t first_index[4];  // the part's first request: qo_indptr[b], [b + 1], kv_indptr[b], [b + 1]
   int64_t rem_index[4];    // an extra CTA's: the request at the remainder's start (s3), its entries
   PartGeometry geom;       // where the parts lie on each row tile's cost axis (cut mode)
@@ -93,7 +97,6 @@ struct ScheduleScratch {
   int64_t x_hi;            // an extra CTA's end on the remainder axis
   int64_t next_c;          // the walk's position: the next request's cost position
   int64_t rem_c;           // the remainder's first request's cost position
-  int warp_max_tiles[32];  // each warp's longest request in key tiles
   int part;                // the (virtual) part of the current range
   int row_tile;            // the current range's row tile
   int extra;               // -1: a main CTA; else the extra CTA's index
@@ -102,9 +105,16 @@ struct ScheduleScratch {
   int has_first;           // first_index holds request next_b's index entries (the first request only)
   int aligned;             // 0: the cut over the cost axis; s >= 1: the aligned mode, s parts a request
   int min_tiles;           // the smallest part
+  int64_t generation;      // (the part state ends here) cached_part_begin: the cache's generation
+  int begun;               // cached_part_begin: the record's part_begin result (-1: not this generation's)
+  int last_arrival;        // cached_part_begin: this CTA was the last of its launch to write its record
   int more;                // next_segment found a segment: it is `seg`
   CtaWork seg;             // the segment every thread runs next (written by thread 0)
 };
+constexpr int kPartStateWords =
+    static_cast<int>((offsetof(ScheduleScratch, generation) - offsetof(ScheduleScratch, first_index)) / 8);
+static_assert(offsetof(ScheduleScratch, first_index) % 8 == 0 && (2 + kPartStateWords) * 8 <= kScheduleRecordBytes,
+              "a schedule cache record holds the generation, the result and the part state");
 
 // One thread only: segment `pc` of request b (kt key tiles) in `part` into sc.seg, if the row tile has
 // rows of the request (sc.more = 1); false otherwise.
@@ -455,6 +465,104 @@ __device__ __forceinline__ bool single_request_segment(const KdtreeVerifyParams&
   return fill_work<Cfg>(p, req, 0, kt, pc, part, true, row_tile, cw);
 }
 
+// The schedule cache of a batch launch (common/schedule.cuh): the workspace's last bytes. (From the
+// parameters and the grid only: row tiles and extra CTAs here would be kept live by the compiler
+// for the epilogue's workspace view, which spilled the warp-specialised kernel on sm_100 / sm_120.)
+__device__ __forceinline__ ScheduleCacheView launch_schedule_cache(const KdtreeVerifyParams& p) {
+  return schedule_cache_view(p.workspace, p.workspace_bytes, p.batch, grid_dim_x());
+}
+
+// What a cache header must hold for this launch to take its records (the generation and the counter
+// aside).
+template <class Cfg>
+__device__ __forceinline__ int32_t schedule_kernel_id(const KdtreeVerifyParams& p) {
+  return (p.config << 16) | (Cfg::kM << 8) | Cfg::kBN;
+}
+__device__ __forceinline__ int32_t schedule_index_types(const KdtreeVerifyParams& p) {
+  return (p.qo_indptr_is_int64 != 0 ? 1 : 0) | (p.kv_indptr_is_int64 != 0 ? 2 : 0);
+}
+template <class Cfg>
+__device__ __forceinline__ bool schedule_header_matches(const KdtreeVerifyParams& p, const ScheduleCacheHeader& h) {
+  return h.magic == kScheduleCacheMagic && h.kernel == schedule_kernel_id<Cfg>(p) && h.batch == p.batch &&
+         h.num_heads == p.num_heads && h.max_qo_len == p.max_qo_len && h.num_splits == p.num_splits &&
+         h.min_keys_per_split == p.min_keys_per_split && h.grid == static_cast<int32_t>(grid_dim_x()) &&
+         h.index_types == schedule_index_types(p);
+}
+
+// part_begin through the schedule cache (journal m35), block-wide like it. Every thread compares its
+// share of the snapshot with the live index arrays and the header with the launch while the CTA's
+// record is copied into sc (one round trip of independent loads); one __syncthreads_or decides.
+// - A match, and the record of the header's generation: the record is part_begin's result for this
+//   launch.
+// - A mismatch (the same for every CTA of the launch: the header and snapshot change only after all
+//   of them have compared): part_begin runs, the CTA writes its record (generation + 1) and counts
+//   itself in; the last of the launch's CTAs to arrive writes the snapshot and the header. Records and
+//   header are read by later launches only (the kernel boundary orders them), so no fence is needed.
+// - A match but a record of another generation (the workspace was overwritten): part_begin runs for
+//   this CTA alone, which neither writes nor counts, so the counter only ever counts whole launches.
+template <class Cfg>
+__device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, int cta, ScheduleScratch& sc) {
+  // threadIdx.x read where used: predicates on it shared with part_begin's were held across the scan
+  // and spilled by sm_100 / sm_120's ptxas in the warp-specialised kernel.
+  int tid = thread_index_volatile();
+  const bool qo64 = p.qo_indptr_is_int64 != 0;
+  const bool kv64 = p.kv_indptr_is_int64 != 0;
+  const int n = p.batch + 1;
+  bool stale = false;
+  {
+    const ScheduleCacheView c = launch_schedule_cache(p);
+    stale = !schedule_header_matches<Cfg>(p, *c.header);
+    for (int j = tid; j < n; j += Cfg::kThreads) {
+      stale |= load_index(p.qo_indptr, j, qo64) != c.snapshot[j];
+      stale |= load_index(p.kv_indptr, j, kv64) != c.snapshot[n + j];
+    }
+    const int64_t* record = c.records + static_cast<int64_t>(cta) * (kScheduleRecordBytes / 8);
+    if (tid < kPartStateWords) (&sc.first_index[0])[tid] = record[2 + tid];
+    if (tid == 0) {
+      const int64_t generation = c.header->generation;
+      sc.generation = generation;
+      sc.begun = record[0] == generation ? static_cast<int>(record[1]) : -1;
+    }
+    stale = __syncthreads_or(stale) != 0;
+    if (!stale && sc.begun >= 0) return sc.begun != 0;
+  }
+  const bool begun = part_begin<Cfg>(p, cta, sc);  // its state is in sc on every path that returns true
+  if (!stale) return begun;  // an overwritten record: this CTA computes, nothing is written
+  tid = thread_index_volatile();
+  const ScheduleCacheView c = launch_schedule_cache(p);
+  int64_t* record = c.records + static_cast<int64_t>(cta) * (kScheduleRecordBytes / 8);
+  if (begun && tid < kPartStateWords) record[2 + tid] = (&sc.first_index[0])[tid];
+  if (tid == 0) {
+    record[0] = sc.generation + 1;
+    record[1] = begun ? 1 : 0;
+    sc.last_arrival = atomicAdd(&c.header->arrived, 1u) == static_cast<unsigned>(grid_dim_x()) - 1u ? 1 : 0;
+  }
+  __syncthreads();  // the flag; and the state is copied before thread 0's walk changes it
+  if (sc.last_arrival != 0) {
+    for (int j = tid; j < n; j += Cfg::kThreads) {
+      c.snapshot[j] = load_index(p.qo_indptr, j, qo64);
+      c.snapshot[n + j] = load_index(p.kv_indptr, j, kv64);
+    }
+    if (tid == 0) {
+      ScheduleCacheHeader w;
+      w.magic = kScheduleCacheMagic;
+      w.kernel = schedule_kernel_id<Cfg>(p);
+      w.batch = p.batch;
+      w.num_heads = p.num_heads;
+      w.max_qo_len = p.max_qo_len;
+      w.num_splits = p.num_splits;
+      w.min_keys_per_split = p.min_keys_per_split;
+      w.grid = static_cast<int32_t>(grid_dim_x());
+      w.index_types = schedule_index_types(p);
+      w.arrived = 0;
+      w.generation = sc.generation + 1;
+      w.reserved[0] = w.reserved[1] = 0;
+      *c.header = w;
+    }
+  }
+  return begun;
+}
+
 // The CTA's walk over its part (s1), for both kernels: part_begin, then one segment at a time. Thread 0
 // finds the next segment (so next_segment exists once in the binary), a __syncthreads publishes it
 // and ends the previous segment (its copies landed, its stores read their shared memory), every
@@ -462,14 +570,16 @@ __device__ __forceinline__ bool single_request_segment(const KdtreeVerifyParams&
 // segment names its row tile). kSingle (a launch of one request): the one segment of
 // single_request_segment, no walk, on the 2-D grid (row tiles, parts); otherwise the 1-D grid of
 // row tiles x parts main CTAs and the extra ones (s3).
-template <class Cfg, bool kSingle, class Between, class Run>
+// kCached: part_begin through the schedule cache (m35); the tiled kernel passes false (at 255
+// registers, the cache's code spilled it on sm_100 / sm_120).
+template <class Cfg, bool kSingle, bool kCached, class Between, class Run>
 __device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, ScheduleScratch& sc, Between between, Run run) {
   if constexpr (kSingle) {
     CtaWork cw;
     if (single_request_segment<Cfg>(p, blockIdx.y, blockIdx.x, cw)) run(cw);
     return;
   } else {
-    if (!part_begin<Cfg>(p, blockIdx.x, sc)) return;
+    if (!(kCached ? cached_part_begin<Cfg>(p, blockIdx.x, sc) : part_begin<Cfg>(p, blockIdx.x, sc))) return;
     for (bool first = true;; first = false) {
       if (threadIdx.x == 0) next_segment<Cfg>(p, sc);
       __syncthreads();

@@ -32,6 +32,7 @@
 #include <vector_types.h>  // int2
 
 #include "../kdtree_api.h"
+#include "mla.h"
 #include "split_rule.cuh"
 
 namespace kdtree {
@@ -269,5 +270,81 @@ __host__ __device__ __forceinline__ int row_tiles_of(int num_heads, int max_qo_l
 // A launch writes pieces (and needs the workspace and the combine) when its rows are cut into parts
 // or it has extra CTAs.
 __host__ __device__ __forceinline__ bool split_launch(int parts, int extra) { return parts > 1 || extra > 0; }
+
+// The split region of the workspace (WorkspaceView above): 2 slots a (virtual) part of row_tiles x
+// rows_per_tile partial rows (kVDim fp32 and one fp32 log2-sum-exp each), then one int2 a (request,
+// row tile). None when nothing is cut: every request is then written directly.
+__host__ __device__ __forceinline__ int64_t split_workspace_bytes(int batch, int parts, int row_tiles, int rows_per_tile,
+                                                                  int extra) {
+  if (!split_launch(parts, extra)) return 0;
+  const int64_t slots = 2 * static_cast<int64_t>(slot_parts(parts, row_tiles, extra));
+  return slots * row_tiles * rows_per_tile * (kVDim + 1) * 4 + static_cast<int64_t>(batch) * row_tiles * 8;
+}
+
+// The schedule cache (journal m35), the last bytes of a batch launch's workspace (batch > 1; a launch
+// of one request has no batch schedule to keep). part_begin's result for each CTA depends on the
+// launch's parameters and the batch's index arrays only, so a launch whose parameters and qo_indptr /
+// kv_indptr equal those of the launch that computed it may take it as it is: the header holds the
+// parameters, the snapshot the arrays, one record a CTA the part state (common/request.cuh,
+// cached_part_begin). It ends at the workspace's end (rounded down to 16 bytes), so the kernel finds
+// it from the batch, the grid and workspace_bytes alone:
+//   records   [grid CTAs][kScheduleRecordBytes]: int64 generation, int64 part_begin's result, the state
+//   snapshot  int64 [2][batch + 1]: qo_indptr, then kv_indptr, as the computing launch read them
+//   header    ScheduleCacheHeader (64 bytes)
+// The workspace must be zeroed when allocated (a zero header matches no launch).
+constexpr int kScheduleRecordBytes = 192;
+constexpr int32_t kScheduleCacheMagic = 0x6b647363;  // "kdsc"
+
+struct ScheduleCacheHeader {
+  int32_t magic;
+  int32_t kernel;       // the configuration and its row tile and key tile (schedule_kernel_id)
+  int32_t batch;
+  int32_t num_heads;
+  int32_t max_qo_len;
+  int32_t num_splits;
+  int32_t min_keys_per_split;
+  int32_t grid;         // CTAs of the launch: its records
+  int32_t index_types;  // qo_indptr_is_int64 | kv_indptr_is_int64 << 1
+  uint32_t arrived;     // CTAs of the computing launch that have written their record
+  int64_t generation;   // the records' generation
+  int64_t reserved[2];
+};
+static_assert(sizeof(ScheduleCacheHeader) == 64, "the schedule cache header is 64 bytes");
+
+struct ScheduleCacheView {
+  int64_t* records;  // kScheduleRecordBytes / 8 words a CTA
+  int64_t* snapshot;
+  ScheduleCacheHeader* header;
+};
+
+__host__ __device__ __forceinline__ int64_t schedule_cache_bytes(int batch, int64_t grid_ctas) {
+  if (batch <= 1) return 0;
+  return grid_ctas * kScheduleRecordBytes + 16 * (static_cast<int64_t>(batch) + 1) + sizeof(ScheduleCacheHeader);
+}
+
+// The split region's size rounded up to 16 bytes: where a planned workspace's schedule cache starts.
+__host__ __device__ __forceinline__ int64_t schedule_cache_offset(int64_t split_bytes) { return (split_bytes + 15) / 16 * 16; }
+
+// The cache of a launch of `grid_ctas` CTAs in a workspace of ws_bytes (at least the plan's).
+__host__ __device__ __forceinline__ ScheduleCacheView schedule_cache_view(void* ws, int64_t ws_bytes, int batch,
+                                                                          int64_t grid_ctas) {
+  ScheduleCacheView v;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(ws) + static_cast<uintptr_t>(ws_bytes);
+  char* base = reinterpret_cast<char*>((end - static_cast<uintptr_t>(schedule_cache_bytes(batch, grid_ctas))) &
+                                       ~static_cast<uintptr_t>(15));
+  v.records = reinterpret_cast<int64_t*>(base);
+  v.snapshot = reinterpret_cast<int64_t*>(base + grid_ctas * kScheduleRecordBytes);
+  v.header = reinterpret_cast<ScheduleCacheHeader*>(base + grid_ctas * kScheduleRecordBytes +
+                                                    16 * (static_cast<int64_t>(batch) + 1));
+  return v;
+}
+
+// A batch launch's whole workspace: the split region, then the schedule cache.
+__host__ __device__ __forceinline__ int64_t launch_workspace_bytes(int batch, int parts, int row_tiles,
+                                                                   int rows_per_tile, int extra) {
+  const int64_t split = split_workspace_bytes(batch, parts, row_tiles, rows_per_tile, extra);
+  const int64_t cache = schedule_cache_bytes(batch, static_cast<int64_t>(row_tiles) * parts + extra);
+  return cache > 0 ? schedule_cache_offset(split) + cache : split;
+}
 
 }  // namespace kdtree

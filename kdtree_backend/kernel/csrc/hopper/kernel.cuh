@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
 
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_hopper_smem + SmemLayout::kSched);
-  walk_part<HopperConfig, kSingle>(
+  walk_part<HopperConfig, kSingle, /*kCached=*/true>(
       p, sched,
       [&] {
         if (tid != 0) return;

@@ -52,8 +52,8 @@ struct SmemLayout {
   static constexpr int kSched = static_cast<int>(offsetof(SharedStorage, sched));
   static constexpr int kBytes = static_cast<int>(sizeof(SharedStorage));
 };
-static_assert(SmemLayout::kBytes == 230816 && SmemLayout::kBytes <= 232448,
-              "the Hopper kernel takes 230,816 B of the H100/H200's 227 KB per block");
+static_assert(SmemLayout::kBytes == 230832 && SmemLayout::kBytes <= 232448,
+              "the Hopper kernel takes 230,832 B of the H100/H200's 227 KB per block");
 static_assert(SmemLayout::kQ % 1024 == 0 && SmemLayout::kK % 1024 == 0 && SmemLayout::kP % 1024 == 0,
               "128-byte swizzle atoms must start on 1024-byte boundaries");
 
