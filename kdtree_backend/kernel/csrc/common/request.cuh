@@ -570,8 +570,9 @@ __device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, i
 // segment names its row tile). kSingle (a launch of one request): the one segment of
 // single_request_segment, no walk, on the 2-D grid (row tiles, parts); otherwise the 1-D grid of
 // row tiles x parts main CTAs and the extra ones (s3).
-// kCached: part_begin through the schedule cache (m35); the tiled kernel passes false (at 255
-// registers, the cache's code spilled it on sm_100 / sm_120).
+// kCached: part_begin through the schedule cache (m35): the warp-specialised portable kernel. The
+// Hopper kernel measured no gain from it (m35b) and the tiled one spilled with it (255 registers on
+// sm_100 / sm_120); both keep the scan.
 template <class Cfg, bool kSingle, bool kCached, class Between, class Run>
 __device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, ScheduleScratch& sc, Between between, Run run) {
   if constexpr (kSingle) {
