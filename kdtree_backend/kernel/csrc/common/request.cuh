@@ -88,7 +88,7 @@ __device__ __forceinline__ WorkspaceView launch_workspace(const KdtreeVerifyPara
 struct ScheduleScratch {
   int64_t warp_cost[32];   // each warp's sum of its requests' costs
   int warp_max_tiles[32];  // each warp's longest request in key tiles
-  // The part state: what part_begin leaves for the walk, from first_index to state_end (a CTA's
+  // The part state: what part_begin leaves for the walk, first_index up to generation (a CTA's
   // record in the schedule cache, m35; cached_part_begin copies it as 8-byte words).
   int64_t first_index[4];  // the part's first request: qo_indptr[b], [b + 1], kv_indptr[b], [b + 1]
   int64_t rem_index[4];    // an extra CTA's: the request at the remainder's start (s3), its entries
