@@ -24,6 +24,18 @@ struct SoftmaxState {
 // bits (nb * 2 + (e & 1)) of bits[rr]. Where an 8-row group of a warp's rows spans at most two
 // tokens (heads 4 or from 6 on) the warp reads their mask bytes in one round trip
 // (group_draft_bits, journal m32b, s8); otherwise every lane reads its own bytes (draft_key_visible).
+// A fragment row's 16 visibility bits (key block nb, column e of the lane's pair at bit 2 nb + e), as
+// scale_and_mask reads them, from `visible(nb, e)`: one packing for both ways of reading the mask.
+template <class Visible>
+__device__ __forceinline__ uint32_t pack_draft_bits(Visible visible) {
+  uint32_t bb = 0;
+#pragma unroll
+  for (int nb = 0; nb < 8; ++nb)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) bb |= static_cast<uint32_t>(visible(nb, e)) << (nb * 2 + e);
+  return bb;
+}
+
 __device__ __forceinline__ void draft_tile_bits(const KdtreeVerifyParams& p, int b, int prefix, int n, int row0,
                                                 int lane, int key_base, uint32_t (&bits)[2]) {
   const uint8_t* mask = request_mask(p, b);
@@ -32,26 +44,16 @@ __device__ __forceinline__ void draft_tile_bits(const KdtreeVerifyParams& p, int
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const uint64_t v = group_draft_bits<64>(mask, p.num_heads, prefix, n, (row0 & ~7) + rr * 8, key_base, lane) >> col_lane;
-      uint32_t bb = 0;
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) bb |= static_cast<uint32_t>((v >> (nb * 8 + e)) & 1u) << (nb * 2 + e);
-      bits[rr] = bb;
+      bits[rr] = pack_draft_bits([&](int nb, int e) { return (v >> (nb * 8 + e)) & 1u; });
     }
     return;
   }
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
-    uint32_t bb = 0;
-#pragma unroll
-    for (int nb = 0; nb < 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        bb |= static_cast<uint32_t>(draft_key_visible(d.mask_row, n, d.valid, d.query, key_base + nb * 8 + col_lane + e))
-              << (nb * 2 + e);
-    bits[rr] = bb;
+    bits[rr] = pack_draft_bits([&](int nb, int e) {
+      return draft_key_visible(d.mask_row, n, d.valid, d.query, key_base + nb * 8 + col_lane + e);
+    });
   }
 }
 

@@ -178,6 +178,17 @@ struct QkState {
   float l[2];
 };
 
+// Row group rr (fragment columns 2 rr, 2 rr + 1) of a draft tile's scores: scaled where `visible(f,
+// c)` (key block f, column c of the lane's pair), -inf elsewhere; one loop for both ways of reading
+// the mask.
+template <int NT, class Visible>
+__device__ __forceinline__ void mask_draft_row(float (&s)[NT][4], int rr, float scale, Visible visible) {
+#pragma unroll
+  for (int f = 0; f < NT; ++f)
+#pragma unroll
+    for (int e = 2 * rr; e < 2 * rr + 2; ++e) s[f][e] = visible(f, e & 1) ? s[f][e] * scale : -CUDART_INF_F;
+}
+
 __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const CtaWork& cw, int row_tile, int tid,
                                            bool first) {
   const int lane = tid & 31;
@@ -269,24 +280,15 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
         for (int rr = 0; rr < 2; ++rr) {
           const uint32_t v =
               static_cast<uint32_t>(group_draft_bits<32>(mask, p.num_heads, prefix, n, (row0 & ~7) + rr * 8, key_base, lane) >> col_lane);
-#pragma unroll
-          for (int f = 0; f < NT; ++f)
-#pragma unroll
-            for (int e = 2 * rr; e < 2 * rr + 2; ++e)
-              s[f][e] = (v >> (f * 8 + (e & 1))) & 1u ? s[f][e] * (p.sm_scale * kLog2e) : -CUDART_INF_F;
+          mask_draft_row<NT>(s, rr, p.sm_scale * kLog2e, [&](int f, int c) { return (v >> (f * 8 + c)) & 1u; });
         }
       } else {
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {
           const DraftRow d = draft_row(mask, p.num_heads, prefix, n, row0 + rr * 8);
-#pragma unroll
-          for (int f = 0; f < NT; ++f)
-#pragma unroll
-            for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-              const int key = key_base + f * 8 + col_lane + (e & 1);
-              s[f][e] = draft_key_visible(d.mask_row, n, d.valid, d.query, key) ? s[f][e] * (p.sm_scale * kLog2e)
-                                                                                : -CUDART_INF_F;
-            }
+          mask_draft_row<NT>(s, rr, p.sm_scale * kLog2e, [&](int f, int c) {
+            return draft_key_visible(d.mask_row, n, d.valid, d.query, key_base + f * 8 + col_lane + c);
+          });
         }
       }
     }
