@@ -418,8 +418,9 @@ def test_planned_two_splits_at_b32_h8_n16(ops):
 
 
 def _schedule_cache(ops, B, heads, max_qo_len):
-    """(generation, arrived) of the schedule cache header (the workspace's last 64 bytes, journal m35) of
-    the op's launch shape on the current stream, and the workspace with its byte count."""
+    """The generation and the arrival counter of the schedule cache header (the workspace's last 64
+    bytes, journal m35) of the op's launch shape on the current stream, then the workspace and its
+    byte count."""
     stream = torch.cuda.current_stream().cuda_stream
     plan = next(v for k, v in ops._plans.items() if k[1] == stream and k[2:5] == (B, heads, max_qo_len))
     nbytes = plan.c_plan.workspace_bytes
@@ -453,13 +454,14 @@ def test_schedule_cache_is_used_only_for_its_lengths(ops, kernel_path, heads, dr
     assert g1 == g0, "equal lengths must reuse the schedule"
     longer = list(prefixes)
     longer[B // 2] += 1
-    g2, ws, nbytes = call(longer, 33)
+    g2, _, _ = call(longer, 33)
     assert g2 == (g0 + 1 if cached else 0), "new lengths must recompute the schedule"
     ragged = [max(1, drafts - i % 3) for i in range(B)]
     g3, ws, nbytes = call(longer, 34, draft_lens=ragged)
     assert g3 == (g2 + 1 if cached else 0), "new draft counts must recompute the schedule"
-    # Overwrite every record (the region before the snapshot and header), keep header and snapshot:
-    # no record matches the header's generation, every CTA recomputes on its own and writes nothing.
+    # Overwrite the last 8 CTAs' records (just before the snapshot and header), keep header and
+    # snapshot: those records no longer match the header's generation, so their CTAs recompute on
+    # their own and write nothing (the other CTAs take their records).
     snap_and_header = 16 * (B + 1) + 64
     assert nbytes - snap_and_header >= 192 * 8
     ws[nbytes - snap_and_header - 192 * 8: nbytes - snap_and_header] = torch.randint(

@@ -20,10 +20,6 @@ struct SoftmaxState {
 
 // Scale into the log2 domain and mask one 64 x 64 score tile held in wgmma's accumulator layout:
 // s[8*nb + e] is row (warp*16 + lane/4 + 8*(e>>1)), key (8*nb + 2*(lane&3) + (e&1)).
-// The visibility of a draft tile's keys [key_base, key_base + 64) for this thread's two rows, as
-// bits (nb * 2 + (e & 1)) of bits[rr]. Where an 8-row group of a warp's rows spans at most two
-// tokens (heads 4 or from 6 on) the warp reads their mask bytes in one round trip
-// (group_draft_bits, journal m32b, s8); otherwise every lane reads its own bytes (draft_key_visible).
 // A fragment row's 16 visibility bits (key block nb, column e of the lane's pair at bit 2 nb + e), as
 // scale_and_mask reads them, from `visible(nb, e)`: one packing for both ways of reading the mask.
 template <class Visible>
@@ -36,6 +32,10 @@ __device__ __forceinline__ uint32_t pack_draft_bits(Visible visible) {
   return bb;
 }
 
+// The visibility of a draft tile's keys [key_base, key_base + 64) for this thread's two rows, as
+// bits (nb * 2 + (e & 1)) of bits[rr]. Where an 8-row group of a warp's rows spans at most two
+// tokens (heads 4 or from 6 on) the warp reads their mask bytes in one round trip
+// (group_draft_bits, journal m32b, s8); otherwise every lane reads its own bytes (draft_key_visible).
 __device__ __forceinline__ void draft_tile_bits(const KdtreeVerifyParams& p, int b, int prefix, int n, int row0,
                                                 int lane, int key_base, uint32_t (&bits)[2]) {
   const uint8_t* mask = request_mask(p, b);
