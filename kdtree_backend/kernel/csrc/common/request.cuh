@@ -481,12 +481,35 @@ __device__ __forceinline__ int32_t schedule_kernel_id(const KdtreeVerifyParams& 
 __device__ __forceinline__ int32_t schedule_index_types(const KdtreeVerifyParams& p) {
   return (p.qo_indptr_is_int64 != 0 ? 1 : 0) | (p.kv_indptr_is_int64 != 0 ? 2 : 0);
 }
+// The header a launch computing its schedule writes: the launch's fields (the first
+// kScheduleLaunchWords words), no arrivals, and the records' generation.
+template <class Cfg>
+__device__ __forceinline__ ScheduleCacheHeader schedule_header(const KdtreeVerifyParams& p, int64_t generation) {
+  ScheduleCacheHeader h;
+  h.magic = kScheduleCacheMagic;
+  h.kernel = schedule_kernel_id<Cfg>(p);
+  h.batch = p.batch;
+  h.num_heads = p.num_heads;
+  h.max_qo_len = p.max_qo_len;
+  h.num_splits = p.num_splits;
+  h.min_keys_per_split = p.min_keys_per_split;
+  h.grid = static_cast<int32_t>(grid_dim_x());
+  h.index_types = schedule_index_types(p);
+  h.arrived = 0;
+  h.generation = generation;
+  h.reserved[0] = h.reserved[1] = 0;
+  return h;
+}
+// Whether a stored header was written by a launch of this one's shape: its launch fields equal.
 template <class Cfg>
 __device__ __forceinline__ bool schedule_header_matches(const KdtreeVerifyParams& p, const ScheduleCacheHeader& h) {
-  return h.magic == kScheduleCacheMagic && h.kernel == schedule_kernel_id<Cfg>(p) && h.batch == p.batch &&
-         h.num_heads == p.num_heads && h.max_qo_len == p.max_qo_len && h.num_splits == p.num_splits &&
-         h.min_keys_per_split == p.min_keys_per_split && h.grid == static_cast<int32_t>(grid_dim_x()) &&
-         h.index_types == schedule_index_types(p);
+  const ScheduleCacheHeader want = schedule_header<Cfg>(p, 0);
+  const int32_t* a = &h.magic;
+  const int32_t* b = &want.magic;
+  bool same = true;
+#pragma unroll
+  for (int i = 0; i < kScheduleLaunchWords; ++i) same &= a[i] == b[i];
+  return same;
 }
 
 // part_begin through the schedule cache (journal m35), block-wide like it. Every thread compares its
@@ -544,20 +567,7 @@ __device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, i
       c.snapshot[n + j] = load_index(p.kv_indptr, j, kv64);
     }
     if (tid == 0) {
-      ScheduleCacheHeader w;
-      w.magic = kScheduleCacheMagic;
-      w.kernel = schedule_kernel_id<Cfg>(p);
-      w.batch = p.batch;
-      w.num_heads = p.num_heads;
-      w.max_qo_len = p.max_qo_len;
-      w.num_splits = p.num_splits;
-      w.min_keys_per_split = p.min_keys_per_split;
-      w.grid = static_cast<int32_t>(grid_dim_x());
-      w.index_types = schedule_index_types(p);
-      w.arrived = 0;
-      w.generation = sc.generation + 1;
-      w.reserved[0] = w.reserved[1] = 0;
-      *c.header = w;
+      *c.header = schedule_header<Cfg>(p, sc.generation + 1);
     }
   }
   return begun;

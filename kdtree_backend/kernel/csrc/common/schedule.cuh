@@ -28,6 +28,7 @@
 // parts and slots; the records are per (request, row tile), written by the CTA that holds the
 // request's first tile in that row tile.
 #pragma once
+#include <stddef.h>  // offsetof
 #include <stdint.h>
 #include <vector_types.h>  // int2
 
@@ -310,6 +311,10 @@ struct ScheduleCacheHeader {
   int64_t reserved[2];
 };
 static_assert(sizeof(ScheduleCacheHeader) == 64, "the schedule cache header is 64 bytes");
+// The header's launch fields, magic .. index_types: what a later launch must match.
+constexpr int kScheduleLaunchWords = 9;
+static_assert(offsetof(ScheduleCacheHeader, arrived) == 4 * kScheduleLaunchWords,
+              "the launch fields are the header's first kScheduleLaunchWords int32 words");
 
 struct ScheduleCacheView {
   int64_t* records;  // kScheduleRecordBytes / 8 words a CTA
