@@ -438,6 +438,8 @@ def test_schedule_cache_is_used_only_for_its_lengths(ops, kernel_path, heads, dr
     draft counts, records overwritten under a matching header (that CTA alone recomputes, nothing is
     written), and the first lengths again each recompute or are caught. Only the warp-specialised
     portable kernel keeps the cache; on the Hopper and tiled kernels the generation stays 0."""
+    if SMALL:  # racecheck (the release check's schedule_cache family): the same calls on a tenth of the keys
+        prefixes = [p // 10 for p in prefixes]
     B = len(prefixes)
     cached = kernel_path == "portable"
 
