@@ -321,6 +321,31 @@ def test_hopper_split_combine_is_a_programmatic_dependent(report):
     assert all(not any("ACQBULK" in ln for ln in v) for v in plain), "an ordinary launch has nothing to wait for"
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a", "sm_120a"])
+def test_verify_kernels_wait_for_the_previous_kernel_before_touching_memory(report, arch):
+    """h47: the Hopper and warp-specialised verify kernels are launched as programmatic dependents of
+    the kernel before them (as FlashMLA's decode kernel is), so their CTAs may run while that kernel
+    still writes q, the cache and the index arrays. Each waits once (griddepcontrol.wait, SASS
+    ACQBULK) before any global memory instruction. ptxas moves a non-coherent load (LDG.CONSTANT,
+    __ldg) whose address is known at entry above the wait: the one-request Hopper kernel read its
+    indptr entries there until load_index became a coherent load. Nothing fails without this test:
+    the stale read needs the previous kernel to write the indices in its last microseconds."""
+    import re  # noqa: PLC0415
+
+    memory = re.compile(r"\b(LDG|STG|LD|ST|LDGSTS|ATOMG|ATOM|RED|UBLKCP|UTMALDG|UTMASTG|UTMAPF)\b")
+    functions = _sass(report, arch)
+    dependents = {k: v for k, v in functions.items()
+                  if k.startswith(("_ZN6kdtree6hopper30verify_attention_hopper_kernel", "_ZN6kdtree16verify_ws_kernel"))}
+    assert len(dependents) == (6 if arch == "sm_90a" else 2), sorted(functions)
+    for name, lines in dependents.items():
+        waits = [i for i, ln in enumerate(lines) if "ACQBULK" in ln]
+        assert len(waits) == 1, f"{name}: {len(waits)} griddepcontrol.wait"
+        early = [ln for ln in lines[:waits[0]] if memory.search(ln)]
+        assert not early, f"{name} touches global memory before its griddepcontrol.wait: {early}"
+    tiled = [v for k, v in functions.items() if k.startswith("_ZN6kdtree23verify_attention_kernel")]
+    assert all(not any("ACQBULK" in ln for ln in v) for v in tiled), "the tiled kernel is launched ordinarily"
+
+
 def test_release_sources_have_no_experiment_switches():
     """The release kernels carry no A/B compile switches (they were removed: issue 22): the only
     preprocessor conditionals in csrc/ are the product variant (KDTREE_WITH_HOPPER), arch guards

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include "../common/launch.h"
 #include "../kdtree_api.h"
 #include "kernel.cuh"
 
@@ -13,16 +14,8 @@ inline cudaError_t launch_combine_layout(const KdtreeVerifyParams& p, int row_ti
                                          cudaStream_t stream) {
   const dim3 grid((row_tiles * Cfg::kM + Lay::kRowsPerBlock - 1) / Lay::kRowsPerBlock, p.batch);
   if constexpr (kPdl) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(Lay::kThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute pdl;
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &pdl;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, combine_splits_kernel<Cfg, Lay, true>, p, row_tiles, slot_parts);
+    return launch_programmatic(combine_splits_kernel<Cfg, Lay, true>, grid, dim3(Lay::kThreads), 0, stream, p, row_tiles,
+                               slot_parts);
   } else {
     combine_splits_kernel<Cfg, Lay, false><<<grid, Lay::kThreads, 0, stream>>>(p, row_tiles, slot_parts);
     return cudaGetLastError();

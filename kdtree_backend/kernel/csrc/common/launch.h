@@ -18,6 +18,26 @@ namespace kdtree {
 
 constexpr int kMaxDevices = 64;  // devices whose shared-memory attribute is remembered as set
 
+// Launches `kernel` as a programmatic dependent (PDL) of the work before it in the stream: its CTAs
+// may start once the previous kernel's CTAs have triggered (griddepcontrol.launch_dependents) or
+// exited, before that grid has completed. The kernel must call pdl_wait_primary() (common/ptx.cuh)
+// before its first global memory access; what comes before it overlaps the previous kernel's tail.
+template <class... Params, class... Args>
+inline cudaError_t launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem_bytes,
+                                       cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute pdl;
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+}
+
 // Formats a failure's reason into err (a caller's buffer) and returns its KdtreeStatus.
 inline int report(int code, char* err, size_t err_len, const char* fmt, ...) {
   va_list ap;
@@ -74,9 +94,11 @@ class KernelFamily {
     return KDTREE_OK;
   }
 
-  // Right after the kernel's launch: its error, if any, as a status.
-  int launched(const dim3& grid, char* err, size_t err_len) const {
-    const cudaError_t e = cudaGetLastError();
+  // Right after the kernel's launch: its error, if any, as a status (`returned`: what a launch call
+  // that returns its error gave; the sticky last error is read and cleared either way).
+  int launched(const dim3& grid, char* err, size_t err_len, cudaError_t returned = cudaSuccess) const {
+    const cudaError_t last = cudaGetLastError();
+    const cudaError_t e = returned != cudaSuccess ? returned : last;
     if (e == cudaSuccess) return KDTREE_OK;
     return report(status_of(e), err, err_len, "launch of %s (grid %d x %d x %d) failed: %s", name_, grid.x, grid.y,
                   grid.z, cudaGetErrorString(e));

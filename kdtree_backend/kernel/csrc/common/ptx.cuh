@@ -111,12 +111,16 @@ __device__ __forceinline__ int lane_id_volatile() {
   return lane;
 }
 
+// An entry of an index array. A coherent load, not __ldg: the verify kernels are programmatic
+// dependents (h47), and ptxas moves a non-coherent load (LDG.CONSTANT: data it may assume unchanged
+// while the kernel runs) whose address is known at entry above the kernel's griddepcontrol.wait,
+// where the previous kernel may still be writing it (the Hopper kernel's one-request launch did).
 template <bool kIs64>
 __device__ __forceinline__ int64_t load_index(const void* p, int64_t i) {
   if constexpr (kIs64) {
-    return __ldg(reinterpret_cast<const int64_t*>(p) + i);
+    return reinterpret_cast<const int64_t*>(p)[i];
   } else {
-    return static_cast<int64_t>(__ldg(reinterpret_cast<const int32_t*>(p) + i));
+    return static_cast<int64_t>(reinterpret_cast<const int32_t*>(p)[i]);
   }
 }
 

@@ -265,6 +265,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   const int warp_in_wg = (tid >> 5) & 3;
 
   if (q_tma && threadIdx.x == 0) prefetch_tensormap(&q_map);  // its descriptor fetch, off the request's path
+  // h47: launched as a programmatic dependent (hopper/launch.cu), the CTA starts during the previous
+  // kernel's tail; nothing above reads or writes global memory, everything below may.
+  pdl_wait_primary();
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_hopper_smem + SmemLayout::kSched);
   // kCached false: the schedule cache measured no gain here (m35, m35b: -0.9..+2.0 µs on the short
   // shapes, with and without its check; the portable path gained 0.3-6 µs).

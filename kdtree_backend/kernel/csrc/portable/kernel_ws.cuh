@@ -549,6 +549,9 @@ template <bool kSingle>
 __global__ void __launch_bounds__(WsConfig::kThreads, 1) verify_ws_kernel(const KdtreeVerifyParams p) {
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + WsLayout::kSched);
   const int tid = threadIdx.x;
+  // h47: launched as a programmatic dependent (portable/launch_ws.cu), the CTA starts during the
+  // previous kernel's tail and waits here for it before its first global memory access.
+  pdl_wait_primary();
   // The PV role's branch comes first (p34): in that order sm_120a's ptxas gives the batch
   // instantiation's QK role the registers its setmaxnreg asks for (QK first: R165 of 184, m19).
   if (tid >= WsConfig::kQkWarps * 32) {

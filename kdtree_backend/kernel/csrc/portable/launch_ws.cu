@@ -66,8 +66,10 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   int rc = g_kernels.prepare(p, WsConfig::kM, row_tiles, extra, err, err_len);
   if (rc != KDTREE_OK) return rc;
   const dim3 grid = verify_grid(p, row_tiles, extra);  // one plan and one grid for both tilings
-  kKernels[p.batch == 1 ? 0 : 1]<<<grid, WsConfig::kThreads, WsLayout::kBytes, stream>>>(p);
-  rc = g_kernels.launched(grid, err, err_len);
+  // h47: a programmatic dependent of the previous kernel; the kernel waits for it before touching memory.
+  const cudaError_t e =
+      launch_programmatic(kKernels[p.batch == 1 ? 0 : 1], grid, dim3(WsConfig::kThreads), WsLayout::kBytes, stream, p);
+  rc = g_kernels.launched(grid, err, err_len, e);
   if (rc != KDTREE_OK) return rc;
   return combine(p, row_tiles, extra, stream, err, err_len, /*pdl=*/true);  // s9: the kernel triggers it
 }
