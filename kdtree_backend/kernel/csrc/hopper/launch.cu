@@ -116,9 +116,9 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   const Kernel kernel = kKernels[(fold_scales(p) ? 2 : 0) + (p.batch == 1 ? 0 : 1)];
   // h47: a programmatic dependent of the previous kernel (as FlashMLA's decode kernel launches): the
   // CTAs' start overlaps that kernel's tail, and the kernel waits for it before touching memory.
-  const cudaError_t e = launch_programmatic(kernel, grid, dim3(HopperConfig::kThreads), SmemLayout::kBytes, stream, p,
-                                            q_map, q_tma);
-  rc = g_kernels.launched(grid, err, err_len, e);
+  const cudaError_t launch_error = launch_programmatic(kernel, grid, dim3(HopperConfig::kThreads), SmemLayout::kBytes,
+                                                       stream, p, q_map, q_tma);
+  rc = g_kernels.launched(grid, err, err_len, launch_error);
   if (rc != KDTREE_OK) return rc;
   if (split_launch(p.num_splits, extra)) {
     const cudaError_t e = launch_combine<HopperConfig, /*kPdl=*/true>(p, row_tiles, extra, stream);  // h39: PDL
