@@ -18,8 +18,9 @@ struct SoftmaxState {
   float l[2];
 };
 
-// Scale into the log2 domain and mask one 64 x 64 score tile held in wgmma's accumulator layout:
-// s[8*nb + e] is row (warp*16 + lane/4 + 8*(e>>1)), key (8*nb + 2*(lane&3) + (e&1)).
+// The score tile the functions below mask and scale into the log2 domain: 64 x 64, in wgmma's
+// accumulator layout, s[8*nb + e] is row (warp*16 + lane/4 + 8*(e>>1)), key (8*nb + 2*(lane&3) + (e&1)).
+
 // A fragment row's 16 visibility bits (key block nb, column e of the lane's pair at bit 2 nb + e), as
 // scale_and_mask reads them, from `visible(nb, e)`: one packing for both ways of reading the mask.
 template <class Visible>
