@@ -4,6 +4,8 @@
     python tools/sass_schedule.py --lib kdtree_backend/_lib/libkdtree_verify.so      # a built library
     python tools/sass_schedule.py --build                                           # build one first
     python tools/sass_schedule.py --lib LIB --function verify_ws_kernel --arch sm_120a --json out.json
+    python tools/sass_schedule.py --lib LIB --function hopper_kernel --arch sm_90a   # the wgmma chains (h49)
+    python tools/sass_schedule.py --lib FLASHMLA_SM90A.cubin --function ELi576E      # FlashMLA's, from its wheel
 
 For every kernel whose mangled name contains --function (default: the warp-specialised portable
 kernel) and every arch in the library's SASS (cuobjdump -sass):
@@ -16,6 +18,11 @@ kernel) and every arch in the library's SASS (cuobjdump -sass):
     two HMMA, inside one setmaxnreg region): how many HMMA before its use each HMMA's B operand was loaded by LDSM, as a
     histogram. A fragment loaded 2 HMMA ahead has ~2 HMMA issue slots to cover an ldmatrix's
     latency; under a busy MIO queue (m18: ~100-200 cycles) that is what a k-step then waits.
+  * each wgmma chain (sm_90a: a run of HGMMA of one shape into one accumulator, journal h49): its
+    commit groups and what stands between them and just before the chain: an mbarrier wait
+    (`wait`, SYNCS.PHASECHK), a proxy fence (`membar`, MEMBAR), a wgmma drain (`drain`,
+    WARPGROUP.DEPBAR). FlashMLA's QK^T waits between its groups and nothing else; a `membar` or
+    `drain` between groups stalls the chain.
 
 CPU only (cuobjdump from the CUDA toolkit or Triton's wheel). The SASS text is parsed by
 `parse_functions`, `regions` and `ldsm_distances`, which the CPU tests run on a fixed excerpt.
@@ -60,12 +67,25 @@ class MmaLoop:
 
 
 @dataclass
+class WgmmaChain:
+    first: int
+    last: int
+    shape: str  # e.g. 64x64x16
+    accumulator: str  # the destination's first register, e.g. R152
+    wgmma: int
+    groups: int  # commit groups (HGMMA ... gsb0)
+    between: list = field(default_factory=list)  # per boundary between groups: the kinds found there
+    before: list = field(default_factory=list)  # kinds in the _BEFORE instructions before the chain
+
+
+@dataclass
 class FunctionReport:
     arch: str
     name: str
     instructions: int
     regions: list
     loops: list
+    chains: list = field(default_factory=list)
 
 
 def parse_functions(sass: str) -> list[tuple[str, str, list[str]]]:
@@ -168,6 +188,53 @@ def ldsm_distances(instrs: list[str], first: int, last: int, lookback: int = 200
     return dist
 
 
+_HGMMA = re.compile(r"HGMMA\.(\d+x\d+x\d+)\S*\s+(R\d+)")
+_KINDS = (("wait", "SYNCS.PHASECHK"), ("membar", "MEMBAR"), ("drain", "WARPGROUP.DEPBAR"))
+_BEFORE = 32  # instructions before a chain searched for what precedes it (the loop top's wait and fence)
+
+
+def _kinds(seg: list[str]) -> list[str]:
+    """The kinds present in `seg`; one that a predicated branch earlier in `seg` may jump over (h49's
+    tile-0-only fence) is marked `(cond)`."""
+    out = []
+    for k, op in _KINDS:
+        at = [j for j, t in enumerate(seg) if op in t]
+        if at:
+            # a predicated branch right after a try-wait is that wait's retry, not a skip
+            cond = any(t.startswith("@") and re.search(r"\bBRA\b", t) and not (j and "SYNCS.PHASECHK" in seg[j - 1])
+                       for j, t in enumerate(seg[:at[0]]))
+            out.append(k + ("(cond)" if cond else ""))
+    return out
+
+
+def wgmma_chains(instrs: list[str], min_wgmma: int = 8) -> list[WgmmaChain]:
+    """Runs of at least `min_wgmma` HGMMA of one shape into one accumulator, with at most _GAP other
+    instructions (and no other HGMMA) between two; each with its commit groups (an HGMMA carrying
+    gsb0 closes one) and the kinds of instruction between the groups and just before the run."""
+    idx = [(i, m.group(1), m.group(2)) for i, t in enumerate(instrs) for m in [_HGMMA.search(t)] if m]
+    runs, cur = [], []
+    for i, shape, acc in idx:
+        if cur and (shape, acc) == cur[-1][1:] and i - cur[-1][0] <= _GAP:
+            cur.append((i, shape, acc))
+        else:
+            if cur:
+                runs.append(cur)
+            cur = [(i, shape, acc)]
+    if cur:
+        runs.append(cur)
+    out = []
+    for run in runs:
+        if len(run) < min_wgmma:
+            continue
+        pos = [i for i, _, _ in run]
+        ends = [i for i in pos if "gsb0" in instrs[i]]
+        between = [_kinds(instrs[e + 1:nxt]) for e in ends for nxt in [next((q for q in pos if q > e), None)] if nxt]
+        out.append(WgmmaChain(first=pos[0], last=pos[-1], shape=run[0][1], accumulator=run[0][2], wgmma=len(run),
+                              groups=len(ends) + (0 if pos[-1] in ends else 1), between=between,
+                              before=_kinds(instrs[max(0, pos[0] - _BEFORE):pos[0]])))
+    return out
+
+
 def report(sass: str, function: str, archs: set[str] | None, min_hmma: int) -> list[FunctionReport]:
     out = []
     for arch, name, instrs in parse_functions(sass):
@@ -180,7 +247,8 @@ def report(sass: str, function: str, archs: set[str] | None, min_hmma: int) -> l
             loops.append(MmaLoop(first=a, last=b, hmma=sum("HMMA" in instrs[i] for i in range(a, b + 1)),
                                  ldsm=sum("LDSM" in instrs[i] for i in range(a, b + 1)),
                                  distance=dict(sorted(d.items()))))
-        out.append(FunctionReport(arch=arch, name=name, instructions=len(instrs), regions=cuts, loops=loops))
+        out.append(FunctionReport(arch=arch, name=name, instructions=len(instrs), regions=cuts, loops=loops,
+                                  chains=wgmma_chains(instrs)))
     return out
 
 
@@ -204,6 +272,10 @@ def _summary(r: FunctionReport) -> str:
         hist = ", ".join(f"{k}:{v}" for k, v in lp.distance.items())
         lines.append(f"  mma loop [{lp.first}, {lp.last}]: {lp.hmma} HMMA, {lp.ldsm} LDSM; "
                      f"B loaded n HMMA ahead (n:count) {hist}")
+    for c in r.chains:
+        between = " | ".join(",".join(k) or "-" for k in c.between)
+        lines.append(f"  wgmma chain [{c.first}, {c.last}] {c.shape} {c.accumulator}: {c.wgmma} HGMMA in {c.groups} "
+                     f"group(s); between groups: {between or 'none'}; before: {','.join(c.before) or '-'}")
     return "\n".join(lines)
 
 

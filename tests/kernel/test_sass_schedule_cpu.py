@@ -1,6 +1,7 @@
 """tools/sass_schedule.py's SASS parsing on a fixed excerpt in cuobjdump's format (no toolkit needed):
-functions per arch, setmaxnreg regions with their highest register and spills, and how many HMMA
-ahead each B fragment's LDSM was issued (a register overwritten in between is not counted)."""
+functions per arch, setmaxnreg regions with their highest register and spills, how many HMMA
+ahead each B fragment's LDSM was issued (a register overwritten in between is not counted), and the
+wgmma chains' commit groups with what stands between them (journal h49)."""
 from __future__ import annotations
 
 import importlib.util
@@ -83,3 +84,38 @@ def test_report_filters_by_function_and_arch():
     assert len(reps[0].loops) == 1 and reps[0].loops[0].hmma == 5 and reps[0].loops[0].ldsm == 1
     assert reps[0].loops[0].distance == {0: 1, 1: 1, 2: 2}
     assert sass_schedule.report(_sass(), "verify_ws_kernel", {"sm_120a"}, min_hmma=4) == []
+
+
+def _chain(group_gap: list[str], top: list[str], groups: int = 3, per_group: int = 4) -> list[str]:
+    """A QK^T-like chain of HGMMA into R152 in `groups` commit groups, `group_gap` between two groups
+    and `top` before the first; then a PV group into R24 (another chain, too short to report)."""
+    body = list(top) + ["WARPGROUP.ARRIVE"]
+    for g in range(groups):
+        for k in range(per_group):
+            first = g == 0 and k == 0
+            gsb = ", gsb0" if k == per_group - 1 else ""
+            body.append(f"HGMMA.64x64x16.F32.BF16 R152, gdesc[UR8], {'RZ, !UPT' if first else 'R152'}{gsb}")
+            body.append("UIADD3 UR8, UR8, 0x2, URZ")
+        if g + 1 < groups:
+            body += group_gap
+    body += ["WARPGROUP.DEPBAR.LE gsb0, 0x0", "HGMMA.64x256x16.F32.BF16 R24, R152, gdesc[UR4].tnspB, R24, gsb0", "EXIT"]
+    return body
+
+
+def test_wgmma_chains_name_what_stands_between_the_groups():
+    """h49's reading (journal): FlashMLA's QK^T waits on a barrier between its groups and nothing
+    else; h24's waited and fenced (MEMBAR) there; a drain (WARPGROUP.DEPBAR) would be reported too. A
+    predicated branch over the loop top's fence marks it `(cond)`, the try-wait's own retry branch
+    does not."""
+    wait = ["SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR11+0x38308], R202", "@!P0 BRA 0x22500"]
+    top = wait + ["@P1 BRA 0x17b60", "MEMBAR.ALL.CTA", "FENCE.VIEW.ASYNC.S"]
+    flash = sass_schedule.wgmma_chains(_chain(wait, wait))
+    assert [(c.shape, c.accumulator, c.wgmma, c.groups, c.between, c.before) for c in flash] == [
+        ("64x64x16", "R152", 12, 3, [["wait"], ["wait"]], ["wait"])]
+    h24 = sass_schedule.wgmma_chains(_chain(wait + ["MEMBAR.ALL.CTA", "FENCE.VIEW.ASYNC.S"], wait + ["MEMBAR.ALL.CTA"]))
+    assert h24[0].between == [["wait", "membar"], ["wait", "membar"]] and h24[0].before == ["wait", "membar"]
+    drained = sass_schedule.wgmma_chains(_chain(["WARPGROUP.DEPBAR.LE gsb0, 0x0"], top))
+    assert drained[0].between == [["drain"], ["drain"]] and drained[0].before == ["wait", "membar(cond)"]
+    one = sass_schedule.wgmma_chains(_chain([], top, groups=1, per_group=36))
+    assert (one[0].wgmma, one[0].groups, one[0].between) == (36, 1, [])
+    assert sass_schedule.wgmma_chains(_chain(wait, wait, groups=1, per_group=4)) == []  # below min_wgmma
