@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "../kdtree_api.h"
+#include "ptx.cuh"
 
 namespace kdtree {
 
@@ -11,9 +12,8 @@ namespace kdtree {
 // null when the draft block is causal.
 __device__ __forceinline__ const uint8_t* request_mask(const KdtreeVerifyParams& p, int b) {
   if (p.custom_mask == nullptr) return nullptr;
-  // A coherent load (see load_index, common/ptx.cuh): for a launch of one request b is 0 and the
-  // address known at entry.
-  return reinterpret_cast<const uint8_t*>(p.custom_mask) + reinterpret_cast<const int64_t*>(p.mask_indptr)[b];
+  // load_index's coherent load: for a launch of one request b is 0 and the address known at entry.
+  return reinterpret_cast<const uint8_t*>(p.custom_mask) + load_index<true>(p.mask_indptr, b);
 }
 
 // The mask row of draft token `query` from its draft columns on (null when causal). The offset
