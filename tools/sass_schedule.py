@@ -228,7 +228,8 @@ def wgmma_chains(instrs: list[str], min_wgmma: int = 8) -> list[WgmmaChain]:
             continue
         pos = [i for i, _, _ in run]
         ends = [i for i in pos if "gsb0" in instrs[i]]
-        between = [_kinds(instrs[e + 1:nxt]) for e in ends for nxt in [next((q for q in pos if q > e), None)] if nxt]
+        nexts = [(e, next((q for q in pos if q > e), None)) for e in ends]  # a group's end, the next group's start
+        between = [_kinds(instrs[e + 1:q]) for e, q in nexts if q is not None]
         out.append(WgmmaChain(first=pos[0], last=pos[-1], shape=run[0][1], accumulator=run[0][2], wgmma=len(run),
                               groups=len(ends) + (0 if pos[-1] in ends else 1), between=between,
                               before=_kinds(instrs[max(0, pos[0] - _BEFORE):pos[0]])))
