@@ -134,10 +134,25 @@ class BuildReport:
         # needs, h18): the register split the kernel was designed around is then gone.
         strict += [f"ptxas ignored setmaxnreg: {line.strip()}" for line in self.ptxas_log.splitlines()
                    if any(code in line for code in ("C7506", "C7507", "'setmaxnreg' ignored"))]
+        # The warp-specialised kernel's setmaxnreg plan redistributes exactly its launch registers: launched
+        # at another count, a warp's setmaxnreg.inc waits for registers nobody releases (a hang, not an
+        # error). The device probe refuses such a binary too (portable/launch_ws.cu).
+        want = ws_launch_registers()
+        strict += [f"sm_{r.arch}a {r.kernel}: launched at {r.registers} registers a thread; its setmaxnreg plan "
+                   f"needs {want} (WsConfig::kLaunchRegs), or setmaxnreg.inc would wait forever"
+                   for r in self.resources if "verify_ws_kernel" in r.kernel and r.registers != want]
         return strict
 
     def warnings(self) -> list[str]:
         return [w for w in self.spills() if w not in self.problems()]
+
+
+def ws_launch_registers() -> int:
+    """WsConfig::kLaunchRegs of the warp-specialised kernel, read from its source (one number, one place)."""
+    m = re.search(r"static constexpr int kLaunchRegs = (\d+);", PORTABLE_WS_KERNEL.read_text())
+    if m is None:
+        raise BuildError(f"{PORTABLE_WS_KERNEL}: no `static constexpr int kLaunchRegs = N;` (the setmaxnreg plan)")
+    return int(m.group(1))
 
 
 def find_nvcc() -> str | None:
@@ -197,6 +212,7 @@ def _package_version() -> str:
 API_SOURCE = CSRC_DIR / "kdtree_api.cu"
 PORTABLE_SOURCE = CSRC_DIR / "portable" / "launch.cu"
 PORTABLE_WS_SOURCE = CSRC_DIR / "portable" / "launch_ws.cu"
+PORTABLE_WS_KERNEL = CSRC_DIR / "portable" / "kernel_ws.cuh"
 HOPPER_SOURCE = CSRC_DIR / "hopper" / "launch.cu"
 HOPPER_GENCODE = "-gencode=arch=compute_90a,code=sm_90a"
 

@@ -5,6 +5,7 @@ kdtree_backend/kernel/abi.py. Runs in CI; skipped where nvcc is absent."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 
 import pytest
 
@@ -46,6 +47,19 @@ def test_a_dropped_setmaxnreg_fails_the_check(report):
     bad = build.BuildReport(report.path, report.archs, report.command, report.resources,
                             report.ptxas_log + line + "\n", report.ptx_arch)
     assert bad.problems() == [f"ptxas ignored setmaxnreg: {line}"]
+
+
+def test_a_launch_count_off_the_setmaxnreg_plan_fails_the_check(report):
+    """The warp-specialised kernel's setmaxnreg plan redistributes exactly its launch registers; built at
+    another count it would hang in setmaxnreg.inc, so the check refuses it (and the built one passes)."""
+    want = build.ws_launch_registers()
+    ws = [r for r in report.resources if "verify_ws_kernel" in r.kernel]
+    assert {r.arch for r in ws} == {90, 100, 120} and all(r.registers == want for r in ws)
+    off = [dataclasses.replace(r, registers=want - 8) if r is ws[0] else r for r in report.resources]
+    bad = build.BuildReport(report.path, report.archs, report.command, off, report.ptxas_log, report.ptx_arch)
+    assert [p for p in bad.problems() if "setmaxnreg plan" in p] == [
+        f"sm_{ws[0].arch}a {ws[0].kernel}: launched at {want - 8} registers a thread; its setmaxnreg plan needs "
+        f"{want} (WsConfig::kLaunchRegs), or setmaxnreg.inc would wait forever"]
 
 
 def test_build_without_ptx_embeds_none_and_reports_zero(tmp_path):

@@ -51,10 +51,15 @@ struct WsConfig {
   static constexpr int kPvCols = kVDim / kPvWarps;                  // 64 output columns a PV warp
   static constexpr int kQkRegs = 184;
   static constexpr int kPvRegs = 160;
+  // Registers a thread at launch: what the setmaxnreg plan redistributes (the PV warps release 8 a
+  // thread, the QK warps take 16). Launched with fewer, the QK warps' setmaxnreg.inc would wait for
+  // registers no warp releases, so both the build check (kernel/build.py) and the device probe
+  // (portable/launch_ws.cu) refuse any other count.
+  static constexpr int kLaunchRegs = 168;
   static constexpr int kQkAhead = 2;  // k-steps the QK warp's K fragments are loaded ahead (p33)
   static constexpr int kQkPin = 3;    // a __syncwarp every kQkPin k-steps keeps ptxas from sinking them (p34)
   static_assert(kStages * kTileBytes >= kM * kSmemRowBytes, "Q is staged in the K stages' space");
-  static_assert(kQkWarps * kQkRegs + kPvWarps * kPvRegs <= (kThreads / 32) * 168, "setmaxnreg budget");
+  static_assert(kQkWarps * kQkRegs + kPvWarps * kPvRegs == (kThreads / 32) * kLaunchRegs, "setmaxnreg budget");
 };
 
 struct WsShared {
