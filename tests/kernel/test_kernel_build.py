@@ -39,11 +39,15 @@ def test_no_spills_on_sm120_and_sm100_and_every_kernel_reported(report):
     assert all(r.spill_loads == r.spill_stores == r.stack_bytes == 0 for r in strict)
 
 
-def test_a_dropped_setmaxnreg_fails_the_check(report):
-    """ptxas reports a setmaxnreg it ignores only as "info" (C7506): the check must refuse it."""
-    assert "C7506" not in report.ptxas_log
-    line = ("ptxas info    : (C7506) Potential Performance Loss: 'setmaxnreg' ignored to maintain "
-            "compatibility into 'extern' call.")
+@pytest.mark.parametrize("line", [
+    "ptxas info    : (C7506) Potential Performance Loss: 'setmaxnreg' ignored to maintain compatibility into "
+    "'extern' call.",
+    "ptxas info    : (C7508) Potential Performance Loss: 'setmaxnreg' ignored; unable to determine register "
+    "count at entry.",
+], ids=["C7506", "C7508"])
+def test_a_dropped_setmaxnreg_fails_the_check(report, line):
+    """ptxas reports a setmaxnreg it ignores only as "info" (C7506, C7507, C7508): the check must refuse it."""
+    assert not any(code in report.ptxas_log for code in ("C7506", "C7507", "C7508"))
     bad = build.BuildReport(report.path, report.archs, report.command, report.resources,
                             report.ptxas_log + line + "\n", report.ptx_arch)
     assert bad.problems() == [f"ptxas ignored setmaxnreg: {line}"]
