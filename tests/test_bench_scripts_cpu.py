@@ -298,6 +298,16 @@ def test_driver_ab_summary(drv, tmp_path):
     assert "fast/hopper time vs default: geomean 0.900" in text
 
 
+def test_driver_ab_summary_echoes_every_variant(drv, tmp_path):
+    """An A/B of five variants on two paths prints (and records in run.json) all ten summary lines; the
+    default of 4 dropped the first variants (session 39: main-f3 and h49 were missing from the printout)."""
+    ctx = drv.Context(tmp_path, tmp_path, "abc1234", dry_run=True, capability="9.0")
+    names = [f"v{i}=lib{i}.so" for i in range(5)]
+    step = drv.parse_steps(["ab", *names, "paths=both"])[0]
+    summary = [c for c in drv.commands_ab(step, ctx, "ab.json") if c.label == "A/B summary"]
+    assert len(summary) == 1 and summary[0].echo_last >= 5 * 2
+
+
 # ------------------------------------------------------------------------------------------
 # the device driver: real runs with stand-ins for the GPU tools
 # ------------------------------------------------------------------------------------------

@@ -525,8 +525,11 @@ def commands_ab(s: Step, ctx: Context, out_name: str) -> list:
                                                        *smoke_args],
                             f"ab-{name}.log", share=timing_share, env={"KDTREE_LIB": lib} if lib else {},
                             echo=r"BAD|smoke (PASSED|FAILED)", floor_s=SMOKE_FLOOR_S))
+    # Every variant's line is echoed (the default 4 dropped the first variants of a longer A/B from the
+    # printout and run.json; ab.json had them all).
     cmds.append(Command("A/B summary", [], "ab-summary.log", share=0.05,
-                        call=lambda: ab_summary(ctx.work, list(libs), paths, ctx.out / out_name)))
+                        call=lambda: ab_summary(ctx.work, list(libs), paths, ctx.out / out_name),
+                        echo_last=max(4, (len(libs) - 1) * len(paths))))
     return cmds
 
 
