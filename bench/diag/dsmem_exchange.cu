@@ -64,14 +64,28 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// kClusterScope: the waits acquire and the remote arrive releases at cluster scope (ptxas: CCTL.IVALL
+// after each wait, MEMBAR.ALL.GPU + CGAERRBAR before each arrive); otherwise the instructions' default
+// (CTA-scope) semantics, as CUTLASS's ClusterBarrier uses them for TMA-multicast pipelines: the bytes
+// are ordered by the mbarrier's complete_tx, the slot's reuse by the arrive.
+template <bool kClusterScope>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  if (kClusterScope)
+    asm volatile(
+        "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+  else
+    asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
 }
+template <bool kClusterScope>
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
+  if (kClusterScope)
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
+  else
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
 }
 __device__ __forceinline__ void st_async_v4(uint32_t remote, uint32_t remote_bar, float a, float b, float c, float d) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(remote),
@@ -79,6 +93,7 @@ __device__ __forceinline__ void st_async_v4(uint32_t remote, uint32_t remote_bar
                : "memory");
 }
 
+template <bool kClusterScope>
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kWarps * 32, 1)
     exchange(int tiles, int delay, int* errors, long long* cycles, float* sink) {
   __shared__ Smem sm;
@@ -104,12 +119,12 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kWarps * 32, 1)
 #pragma unroll
     for (int e = 0; e < 16; ++e) v[e] = static_cast<float>(((i * 7 + e) & 1023) + 1024 * (me * 4 + w)) + lane * 0.25f;
     if (lane == 0) mbar_arrive_expect_tx(smem_u32(&sm.full[p][w]), kSlotBytes);
-    if (i >= 2) mbar_wait(smem_u32(&sm.empty[p][w]), ((i >> 1) - 1) & 1);  // the partner freed slot p
+    if (i >= 2) mbar_wait<kClusterScope>(smem_u32(&sm.empty[p][w]), ((i >> 1) - 1) & 1);  // the partner freed slot p
     const uint32_t dst = mapa(smem_u32(&sm.recv[p][w][lane * 16]), peer);
     const uint32_t dst_bar = mapa(smem_u32(&sm.full[p][w]), peer);
 #pragma unroll
     for (int q = 0; q < 4; ++q) st_async_v4(dst + q * 16, dst_bar, v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-    mbar_wait(smem_u32(&sm.full[p][w]), ph);  // the partner's 2 KB landed
+    mbar_wait<kClusterScope>(smem_u32(&sm.full[p][w]), ph);  // the partner's 2 KB landed
     const float4* r = reinterpret_cast<const float4*>(&sm.recv[p][w][lane * 16]);
     int bad = 0;
 #pragma unroll
@@ -126,7 +141,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kWarps * 32, 1)
     }
     if (bad) atomicAdd(errors, bad);
     __syncwarp();
-    if (lane == 0) mbar_arrive_remote(mapa(smem_u32(&sm.empty[p][w]), peer));  // our slot p is free again
+    if (lane == 0) mbar_arrive_remote<kClusterScope>(mapa(smem_u32(&sm.empty[p][w]), peer));  // our slot p is free again
     if (delay > 0) {
       const long long s = clock64();
       while (clock64() - s < delay) {
@@ -156,9 +171,11 @@ int main(int argc, char** argv) {
   std::printf("dsmem_exchange: %s (sm_%d%d), %d CTAs in clusters of 2, %d warps a CTA, %d B a warp a tile, %d tiles\n",
               prop.name, prop.major, prop.minor, blocks, kWarps, kSlotBytes, tiles);
   int total_errors = 0;
+  for (int scope = 0; scope < 2; ++scope)
   for (int delay : {0, 500, 1000, 2000, 4000}) {
     CHECK(cudaMemset(errors, 0, sizeof(int)));
-    exchange<<<blocks, kWarps * 32>>>(tiles, delay, errors, cycles, sink);
+    if (scope) exchange<true><<<blocks, kWarps * 32>>>(tiles, delay, errors, cycles, sink);
+    else exchange<false><<<blocks, kWarps * 32>>>(tiles, delay, errors, cycles, sink);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     std::vector<long long> c(blocks * kWarps);
@@ -167,8 +184,8 @@ int main(int argc, char** argv) {
     CHECK(cudaMemcpy(&err, errors, sizeof(int), cudaMemcpyDeviceToHost));
     std::sort(c.begin(), c.end());
     const double med = static_cast<double>(c[c.size() / 2]) / tiles, mx = static_cast<double>(c.back()) / tiles;
-    std::printf("delay %5d cycles: %8.1f cycles a tile (median warp), %8.1f (slowest); exchange beyond the delay %7.1f; errors %d\n",
-                delay, med, mx, med - delay, err);
+    std::printf("%s scope, delay %5d cycles: %8.1f cycles a tile (median warp), %8.1f (slowest); exchange beyond the delay %7.1f; errors %d\n",
+                scope ? "cluster" : "cta", delay, med, mx, med - delay, err);
     total_errors += err;
   }
   std::printf("RESULT %s\n", total_errors == 0 ? "PASS" : "FAIL");
