@@ -18,11 +18,22 @@
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a bench/diag/dsmem_exchange.cu -o /tmp/dx && /tmp/dx [tiles]
 // (sm_120a builds the same source: -arch=sm_120a.)
+#include <cuda_runtime.h>
+
+// The kernels' own shared-address and mbarrier helpers (init, expect_tx arrival, the CTA-scope wait),
+// so the probe synchronises as a kernel built on them would; only the cluster pieces are new here.
+#include "../../kdtree_backend/kernel/csrc/common/mbarrier.cuh"
+#include "../../kdtree_backend/kernel/csrc/common/ptx.cuh"
+
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstdint>
 #include <vector>
-#include <algorithm>
+
+using kdtree::mbar_arrive_expect_tx;
+using kdtree::mbar_init;
+using kdtree::smem_addr;
 
 #define CHECK(x)                                                                              \
   do {                                                                                        \
@@ -42,9 +53,6 @@ struct __align__(16) Smem {
   uint64_t empty[2][kWarps];              // completes when the partner freed our slot in its CTA
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ uint32_t cluster_rank() {
   uint32_t r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -58,27 +66,20 @@ __device__ __forceinline__ uint32_t mapa(uint32_t addr, uint32_t rank) {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // kClusterScope: the waits acquire and the remote arrive releases at cluster scope (ptxas: CCTL.IVALL
 // after each wait, MEMBAR.ALL.GPU + CGAERRBAR before each arrive); otherwise the instructions' default
 // (CTA-scope) semantics, as CUTLASS's ClusterBarrier uses them for TMA-multicast pipelines: the bytes
 // are ordered by the mbarrier's complete_tx, the slot's reuse by the arrive.
 template <bool kClusterScope>
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  if (kClusterScope)
-    asm volatile(
-        "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-  else
-    asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
+  if (!kClusterScope) {
+    kdtree::mbar_wait(bar, parity);
+    return;
+  }
+  asm volatile(
+      "{\n.reg .pred p;\nW: mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
 }
 template <bool kClusterScope>
 __device__ __forceinline__ void mbar_arrive_remote(uint32_t remote_bar) {
@@ -102,10 +103,10 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kWarps * 32, 1)
   if (threadIdx.x == 0) {
     for (int p = 0; p < 2; ++p)
       for (int k = 0; k < kWarps; ++k) {
-        mbar_init(smem_u32(&sm.full[p][k]), 1);   // our lane 0's arrive.expect_tx; the bytes complete it
-        mbar_init(smem_u32(&sm.empty[p][k]), 1);  // the partner's lane 0, remotely
+        mbar_init(smem_addr(&sm.full[p][k]), 1);   // our lane 0's arrive.expect_tx; the bytes complete it
+        mbar_init(smem_addr(&sm.empty[p][k]), 1);  // the partner's lane 0, remotely
       }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    kdtree::fence_mbarrier_init();
   }
   cluster_sync();  // both CTAs' barriers exist before anything remote touches them
 
@@ -118,13 +119,13 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kWarps * 32, 1)
     float v[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) v[e] = static_cast<float>(((i * 7 + e) & 1023) + 1024 * (me * 4 + w)) + lane * 0.25f;
-    if (lane == 0) mbar_arrive_expect_tx(smem_u32(&sm.full[p][w]), kSlotBytes);
-    if (i >= 2) mbar_wait<kClusterScope>(smem_u32(&sm.empty[p][w]), ((i >> 1) - 1) & 1);  // the partner freed slot p
-    const uint32_t dst = mapa(smem_u32(&sm.recv[p][w][lane * 16]), peer);
-    const uint32_t dst_bar = mapa(smem_u32(&sm.full[p][w]), peer);
+    if (lane == 0) mbar_arrive_expect_tx(smem_addr(&sm.full[p][w]), kSlotBytes);
+    if (i >= 2) mbar_wait<kClusterScope>(smem_addr(&sm.empty[p][w]), ((i >> 1) - 1) & 1);  // the partner freed slot p
+    const uint32_t dst = mapa(smem_addr(&sm.recv[p][w][lane * 16]), peer);
+    const uint32_t dst_bar = mapa(smem_addr(&sm.full[p][w]), peer);
 #pragma unroll
     for (int q = 0; q < 4; ++q) st_async_v4(dst + q * 16, dst_bar, v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-    mbar_wait<kClusterScope>(smem_u32(&sm.full[p][w]), ph);  // the partner's 2 KB landed
+    mbar_wait<kClusterScope>(smem_addr(&sm.full[p][w]), ph);  // the partner's 2 KB landed
     const float4* r = reinterpret_cast<const float4*>(&sm.recv[p][w][lane * 16]);
     int bad = 0;
 #pragma unroll
@@ -141,7 +142,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kWarps * 32, 1)
     }
     if (bad) atomicAdd(errors, bad);
     __syncwarp();
-    if (lane == 0) mbar_arrive_remote<kClusterScope>(mapa(smem_u32(&sm.empty[p][w]), peer));  // our slot p is free again
+    if (lane == 0) mbar_arrive_remote<kClusterScope>(mapa(smem_addr(&sm.empty[p][w]), peer));  // our slot p is free again
     if (delay > 0) {
       const long long s = clock64();
       while (clock64() - s < delay) {
