@@ -499,11 +499,12 @@ def test_results_index_lists_every_kept_file_and_the_readme_cites_only_kept_ones
 # ------------------------------------------------------------------------------------------
 # diagnostics
 # ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("probe", ["gather_probe", "cluster_probe", "dsmem_exchange"])
+@pytest.mark.parametrize("probe", ["gather_probe", "cluster_probe", "dsmem_exchange", "mma_phase"])
 def test_device_probe_compiles_for_sm90a(tmp_path, probe):
     """The standalone device diagnostics (gather_probe.cu: the gather's copy paths; cluster_probe.cu:
     how many CTA clusters of the Hopper kernel's shape fit; dsmem_exchange.cu: journal m38's 2-CTA
-    partial-score exchange) build with the project's nvcc for sm_90a
+    partial-score exchange; mma_phase.cu: journal m39's warp-specialised mma phase alone, from the
+    kernel's own tile functions) build with the project's nvcc for sm_90a
     without warnings or spills, so they are ready for a device run."""
     from kdtree_backend.kernel.build import find_nvcc
 

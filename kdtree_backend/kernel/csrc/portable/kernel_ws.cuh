@@ -183,6 +183,53 @@ struct QkState {
   float l[2];
 };
 
+// The QK warp's mma phase for one 32-key tile: S = Q K^T for the warp's 16 rows over the 576 depth
+// (Q's 32 nope k-steps from registers, the 4 rope k-steps from q_rope, K from the stage at
+// `tile_base`; `lo_qk` and `rope` are the lane's ldmatrix offsets). The K fragments are loaded
+// kAhead k-steps ahead of their mma (p33, p34): under the ldmatrix stream of all twelve warps one
+// ldmatrix waits ~100-200 cycles (m18). Left alone, ptxas sinks them towards their use (sm_120a: 2-3
+// mma ahead, m19); a __syncwarp every kPin k-steps holds them up: `tools/sass_schedule.py` shows >= 4
+// mma ahead for ~93% of the loop's mma on sm_120a, >= 6 for ~90-95% on sm_90a / sm_100a, with no spill
+// on sm_100a / sm_120a (3 and 2 k-steps ahead or a warp barrier every k-step spill one of them). The
+// kernel uses WsConfig's distances; bench/diag/mma_phase.cu times this same code alone, beside the PV
+// warps' `pv_tile_mma`, at other distances (journal m39).
+template <int kAhead = WsConfig::kQkAhead, int kPin = WsConfig::kQkPin>
+__device__ __forceinline__ void qk_tile_mma(uint32_t tile_base, uint32_t lo_qk, uint32_t rope,
+                                            const uint32_t (&q)[WsConfig::kNopeSteps][4], float (&s)[WsConfig::kBN / 8][4]) {
+  constexpr int NT = WsConfig::kBN / 8;
+  constexpr int kSteps = WsConfig::kNopeSteps + WsConfig::kRopeSteps;
+#pragma unroll
+  for (int f = 0; f < NT; ++f) s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
+  uint32_t kb[kAhead + 1][NT / 2][4];
+  auto load_k = [&](int ks, uint32_t (&b)[NT / 2][4]) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np)
+      ldmatrix_x4(tile_base + lo_qk + ks * 32 + np * 16 * kSmemRowBytes, b[np][0], b[np][1], b[np][2], b[np][3]);
+  };
+#pragma unroll
+  for (int ks = 0; ks < kAhead; ++ks) load_k(ks, kb[ks]);
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    if (ks + kAhead < kSteps) load_k(ks + kAhead, kb[(ks + kAhead) % (kAhead + 1)]);
+    if (ks % kPin == 0) __syncwarp();  // ptxas does not move a shared load past it
+    uint32_t a[4];
+    if (ks < WsConfig::kNopeSteps) {
+      a[0] = q[ks][0];
+      a[1] = q[ks][1];
+      a[2] = q[ks][2];
+      a[3] = q[ks][3];
+    } else {
+      ldmatrix_x4(rope + (ks - WsConfig::kNopeSteps) * 32, a[0], a[1], a[2], a[3]);
+    }
+    const uint32_t (&b)[NT / 2][4] = kb[ks % (kAhead + 1)];
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      mma_bf16_16816(s[2 * np], a, b[np][0], b[np][1]);
+      mma_bf16_16816(s[2 * np + 1], a, b[np][2], b[np][3]);
+    }
+  }
+}
+
 // Row group rr (fragment columns 2 rr, 2 rr + 1) of a draft tile's scores: scaled where `visible(f,
 // c)` (key block f, column c of the lane's pair), -inf elsewhere; one loop for both ways of reading
 // the mask.
@@ -228,44 +275,7 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
     KDTREE_TILE_STAMP(g == 0, i, TileEvent::kQkKFull);
 
     float s[NT][4];
-#pragma unroll
-    for (int f = 0; f < NT; ++f) s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
-    // The K fragments are loaded kQkAhead k-steps ahead of their mma (p33, p34): under the ldmatrix
-    // stream of all twelve warps one ldmatrix waits ~100-200 cycles (m18). Left alone, ptxas sinks
-    // them towards their use (sm_120a: 2-3 mma ahead, m19); a __syncwarp every kQkPin k-steps holds
-    // them up: `tools/sass_schedule.py` shows >= 4 mma ahead for ~93% of the loop's mma on sm_120a,
-    // >= 6 for ~90-95% on sm_90a / sm_100a, with no spill on sm_100a / sm_120a (3 and 2 k-steps
-    // ahead or a warp barrier every k-step spill one of them).
-    constexpr int kSteps = WsConfig::kNopeSteps + WsConfig::kRopeSteps;
-    constexpr int kAhead = WsConfig::kQkAhead;
-    uint32_t kb[kAhead + 1][NT / 2][4];
-    auto load_k = [&](int ks, uint32_t (&b)[NT / 2][4]) {
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np)
-        ldmatrix_x4(tile_base + lo_qk + ks * 32 + np * 16 * kSmemRowBytes, b[np][0], b[np][1], b[np][2], b[np][3]);
-    };
-#pragma unroll
-    for (int ks = 0; ks < kAhead; ++ks) load_k(ks, kb[ks]);
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
-      if (ks + kAhead < kSteps) load_k(ks + kAhead, kb[(ks + kAhead) % (kAhead + 1)]);
-      if (ks % WsConfig::kQkPin == 0) __syncwarp();  // ptxas does not move a shared load past it
-      uint32_t a[4];
-      if (ks < WsConfig::kNopeSteps) {
-        a[0] = st.q[ks][0];
-        a[1] = st.q[ks][1];
-        a[2] = st.q[ks][2];
-        a[3] = st.q[ks][3];
-      } else {
-        ldmatrix_x4(rope + (ks - WsConfig::kNopeSteps) * 32, a[0], a[1], a[2], a[3]);
-      }
-      const uint32_t (&b)[NT / 2][4] = kb[ks % (kAhead + 1)];
-#pragma unroll
-      for (int np = 0; np < NT / 2; ++np) {
-        mma_bf16_16816(s[2 * np], a, b[np][0], b[np][1]);
-        mma_bf16_16816(s[2 * np + 1], a, b[np][2], b[np][3]);
-      }
-    }
+    qk_tile_mma(tile_base, lo_qk, rope, st.q, s);
 
     // Scale into the log2 domain and mask (prefix keys past P; draft keys by the tree mask).
     const bool is_prefix = t < prefix_tiles;
@@ -354,6 +364,29 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
     }
   }
   __syncthreads();  // the epilogue's: row_m / row_l visible to the PV warps
+}
+
+// A PV warp's mma for one 32-key tile: O[:, its 64 columns] += P V, P (all 64 rows) from the P buffer
+// at `pb` (the lane's offset included), V = the stage at `tile_base` (`lo_pv`: the lane's offset into
+// the warp's columns). Also timed alone by bench/diag/mma_phase.cu (journal m39).
+__device__ __forceinline__ void pv_tile_mma(float (&o)[4][8][4], uint32_t pb, uint32_t tile_base, uint32_t lo_pv) {
+#pragma unroll
+  for (int kk = 0; kk < WsConfig::kBN / 16; ++kk) {
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+      ldmatrix_x4(pb + mt * 16 * WsConfig::kPRowBytes + kk * 32, pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t b0, b1, b2, b3;
+      ldmatrix_x4_trans(tile_base + lo_pv + j * 32 + kk * 16 * kSmemRowBytes, b0, b1, b2, b3);
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        mma_bf16_16816(o[mt][2 * j], pa[mt], b0, b1);
+        mma_bf16_16816(o[mt][2 * j + 1], pa[mt], b2, b3);
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -474,24 +507,7 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
           }
         }
     }
-    const uint32_t pb = base + WsLayout::kPBuf + pp * (WsConfig::kM * WsConfig::kPRowBytes) + lo_p;
-#pragma unroll
-    for (int kk = 0; kk < WsConfig::kBN / 16; ++kk) {
-      uint32_t pa[4][4];
-#pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
-        ldmatrix_x4(pb + mt * 16 * WsConfig::kPRowBytes + kk * 32, pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(tile_base + lo_pv + j * 32 + kk * 16 * kSmemRowBytes, b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          mma_bf16_16816(o[mt][2 * j], pa[mt], b0, b1);
-          mma_bf16_16816(o[mt][2 * j + 1], pa[mt], b2, b3);
-        }
-      }
-    }
+    pv_tile_mma(o, base + WsLayout::kPBuf + pp * (WsConfig::kM * WsConfig::kPRowBytes) + lo_p, tile_base, lo_pv);
     KDTREE_TILE_STAMP(c == 0, i, TileEvent::kPvMmaIssued);
     if (i + 2 < T) {
       named_arrive(kPFree0 + pp, WsConfig::kThreads);  // this parity's P buffer is free again
