@@ -104,11 +104,15 @@ class KernelFamily {
                   grid.z, cudaGetErrorString(e));
   }
 
-  // Every kernel has an image for `device` (the current one) and the device allows their shared
-  // memory; attr: the last kernel's attributes, for the caller's report.
-  int probe(int device, cudaFuncAttributes& attr, char* msg, size_t msg_len) const {
+  // Every kernel has an image for `device` (the current one), the device allows their shared memory,
+  // and each kernel's attributes pass `check` (KDTREE_OK, or a status with its line in msg: a family's
+  // own condition, e.g. the warp-specialised kernel's launch register count); attr: the last kernel's
+  // attributes, for the caller's report.
+  template <class Check>
+  int probe(int device, cudaFuncAttributes& attr, char* msg, size_t msg_len, Check check) const {
+    cudaFuncAttributes attrs[N];
     cudaError_t e = cudaSuccess;
-    for (int i = 0; i < N && e == cudaSuccess; ++i) e = cudaFuncGetAttributes(&attr, kernels_[i]);
+    for (int i = 0; i < N && e == cudaSuccess; ++i) e = cudaFuncGetAttributes(&attrs[i], kernels_[i]);
     cudaDeviceProp prop;
     memset(&prop, 0, sizeof(prop));
     cudaGetDeviceProperties(&prop, device);
@@ -126,7 +130,15 @@ class KernelFamily {
                     "device %d (%s) allows %d bytes of shared memory per block; %s needs %d", device, prop.name, optin,
                     name_, smem_bytes_);
     }
+    for (int i = 0; i < N; ++i) {
+      const int rc = check(attrs[i]);
+      if (rc != KDTREE_OK) return rc;
+    }
+    attr = attrs[N - 1];
     return KDTREE_OK;
+  }
+  int probe(int device, cudaFuncAttributes& attr, char* msg, size_t msg_len) const {
+    return probe(device, attr, msg, msg_len, [](const cudaFuncAttributes&) { return static_cast<int>(KDTREE_OK); });
   }
 
  private:

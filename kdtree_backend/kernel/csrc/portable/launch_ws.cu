@@ -39,20 +39,17 @@ static_assert(kRowsPerTile == WsConfig::kM, "portable/launch.h and the warp-spec
 
 int probe(int device, char* msg, size_t msg_len) {
   cudaFuncAttributes attr;
-  const int rc = g_kernels.probe(device, attr, msg, msg_len);
-  if (rc != KDTREE_OK) return rc;
   // The setmaxnreg plan holds only at its launch register count (WsConfig::kLaunchRegs): with fewer,
   // setmaxnreg.inc would wait forever. The build check refuses such a library; this refuses a binary
   // that got here anyway (another toolkit's ptxas, a JIT), and the tiled kernel runs instead.
-  for (Kernel k : kKernels) {
-    cudaFuncAttributes a;
-    if (cudaFuncGetAttributes(&a, k) == cudaSuccess && a.numRegs != WsConfig::kLaunchRegs) {
-      return report(KDTREE_ERR_UNSUPPORTED, msg, msg_len,
-                    "warp-specialised kernel refused: binary sm_%da launches at %d registers a thread, its setmaxnreg "
-                    "plan needs %d (QK %d, PV %d); the tiled kernel runs",
-                    a.binaryVersion, a.numRegs, WsConfig::kLaunchRegs, WsConfig::kQkRegs, WsConfig::kPvRegs);
-    }
-  }
+  const int rc = g_kernels.probe(device, attr, msg, msg_len, [msg, msg_len](const cudaFuncAttributes& a) {
+    if (a.numRegs == WsConfig::kLaunchRegs) return static_cast<int>(KDTREE_OK);
+    return report(KDTREE_ERR_UNSUPPORTED, msg, msg_len,
+                  "warp-specialised kernel refused: binary sm_%da launches at %d registers a thread, its setmaxnreg "
+                  "plan needs %d (QK %d, PV %d); the tiled kernel runs",
+                  a.binaryVersion, a.numRegs, WsConfig::kLaunchRegs, WsConfig::kQkRegs, WsConfig::kPvRegs);
+  });
+  if (rc != KDTREE_OK) return rc;
   snprintf(msg, msg_len,
            "warp-specialised kernel: binary sm_%da, %d registers/thread at launch, %d B static + %d B dynamic "
            "shared memory, %d local bytes",
