@@ -24,6 +24,7 @@
 // so the probe synchronises as a kernel built on them would; only the cluster pieces are new here.
 #include "../../kdtree_backend/kernel/csrc/common/mbarrier.cuh"
 #include "../../kdtree_backend/kernel/csrc/common/ptx.cuh"
+#include "cuda_check.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -34,15 +35,6 @@
 using kdtree::mbar_arrive_expect_tx;
 using kdtree::mbar_init;
 using kdtree::smem_addr;
-
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "dsmem_exchange: %s failed: %s\n", #x, cudaGetErrorString(e_));    \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 constexpr int kWarps = 4;
 constexpr int kSlotBytes = 2048;  // 16 rows x 32 keys x fp32

@@ -24,6 +24,7 @@
 #include "../../kdtree_backend/kernel/csrc/common/ptx.cuh"
 #include "../../kdtree_backend/kernel/csrc/hopper/async_copy.cuh"
 #include "../../kdtree_backend/kernel/csrc/hopper/wgmma.cuh"
+#include "cuda_check.cuh"
 
 #include <cstdint>
 #include <cstdio>
@@ -50,15 +51,6 @@ constexpr int kSmemBytes = kStages * kStageBytes + 1024 + 64;  // stages, alignm
 
 enum Mode { kCpAsync = 0, kTma32 = 1, kTma64 = 2 };
 const char* const kModeNames[] = {"cpasync", "tma32", "tma64"};
-
-#define CHECK(x)                                                                                 \
-  do {                                                                                           \
-    cudaError_t e_ = (x);                                                                        \
-    if (e_ != cudaSuccess) {                                                                     \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-      exit(1);                                                                                   \
-    }                                                                                            \
-  } while (0)
 
 __device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, uint32_t bar, int col, int slot) {
   asm volatile(

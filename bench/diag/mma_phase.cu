@@ -29,6 +29,7 @@
 
 // The kernel's own mma phases, layout and barrier helpers.
 #include "../../kdtree_backend/kernel/csrc/portable/kernel_ws.cuh"
+#include "cuda_check.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -63,15 +64,6 @@ constexpr int kDone = WsLayout::kBytes;
 constexpr int kBars = (kDone + 8 + 7) / 8 * 8;
 constexpr int kSmemBytes = kBars + 4 * 8;
 static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory");
-
-#define CHECK(x)                                                                           \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                             \
-    }                                                                                      \
-  } while (0)
 
 // %tid.x read afresh: a value held across the role branch (across setmaxnreg) was spilled.
 __device__ __forceinline__ int tid_volatile() {

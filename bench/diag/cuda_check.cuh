@@ -1,0 +1,16 @@
+// The standalone device diagnostics' error check (gather_probe.cu, dsmem_exchange.cu, mma_phase.cu):
+// a failed CUDA runtime call prints the file, line, call and error, and exits 1.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#define CHECK(x)                                                                                 \
+  do {                                                                                           \
+    cudaError_t e_ = (x);                                                                        \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));  \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
