@@ -497,3 +497,36 @@ def test_profiler_record_layout_is_what_bench_timeline_reads():
     for timeline in readers:  # bench/diag/timeline.py (bench/ is not shipped with the package)
         m = re.search(r"^SLOTS, CTAS = (\d+), (\d+)", timeline.read_text(), re.M)
         assert m and (int(m.group(1)), int(m.group(2))) == (slots, ctas), timeline
+
+
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_100a", "sm_90a"])
+def test_ws_qk_loop_loads_k_fragments_ahead(report, arch):
+    """p34: the warp-specialised kernel's QK warps load each K fragment two k-steps ahead of its mma
+    (`ws::qk_tile_mma`, WsConfig::kQkAhead, a __syncwarp every kQkPin k-steps so ptxas keeps them
+    there). What that buys is on sm_120a, the customer's GPU, which the H200 cannot time: before p34
+    ptxas issued 123 of the QK loop's 144 HMMA 2-3 after their B fragment's ldmatrix there, with p34
+    ~94% are >= 4 after (journal m19, p34). A refactor that loses it would pass every GPU test and
+    every H200 timing; this reads it off the built library's SASS (tools/sass_schedule.py)."""
+    import importlib.util  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    tool = build.find_cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (CUDA toolkit or triton wheel) to read the SASS")
+    path = Path(build.PACKAGE_DIR).parent / "tools" / "sass_schedule.py"
+    spec = importlib.util.spec_from_file_location("sass_schedule", path)
+    sass_schedule = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("sass_schedule", sass_schedule)  # its dataclasses look their module up there
+    spec.loader.exec_module(sass_schedule)
+    sass = subprocess.run([tool, "-sass", "-arch", arch, str(report.path)], capture_output=True, text=True,
+                          check=True).stdout
+    reps = sass_schedule.report(sass, "verify_ws_kernel", {arch}, min_hmma=32)
+    assert len(reps) == 2, "one request, any batch (s1e)"
+    for rep in reps:
+        qk = [lp for lp in rep.loops if lp.hmma == 144]
+        assert len(qk) == 1, f"{rep.name}: one QK loop of 144 HMMA a 32-key tile, found {[lp.hmma for lp in rep.loops]}"
+        ahead = sum(v for k, v in qk[0].distance.items() if k >= 4)
+        assert ahead >= 0.85 * 144, (f"{arch} {rep.name}: only {ahead} of 144 QK HMMA issued >= 4 after their "
+                                     f"K fragment's ldmatrix ({qk[0].distance}); p34 keeps ~94%")
