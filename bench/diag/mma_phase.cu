@@ -27,7 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-// The kernel's own mma phases, layout and barrier helpers.
+// The kernel's own mma phases, lane offsets, layout and barrier helpers.
 #include "../../kdtree_backend/kernel/csrc/portable/kernel_ws.cuh"
 #include "cuda_check.cuh"
 
@@ -42,13 +42,12 @@
 namespace {
 
 using kdtree::g_smem;
-using kdtree::kSmemRowBytes;
-using kdtree::ldmatrix_x4;
+using kdtree::ld_shared_s32;
 using kdtree::mbar_arrive;
 using kdtree::mbar_init;
 using kdtree::mbar_wait;
-using kdtree::row_offset;
 using kdtree::smem_addr;
+using kdtree::thread_index_volatile;
 using kdtree::WsConfig;
 using kdtree::WsLayout;
 
@@ -64,19 +63,6 @@ constexpr int kDone = WsLayout::kBytes;
 constexpr int kBars = (kDone + 8 + 7) / 8 * 8;
 constexpr int kSmemBytes = kBars + 4 * 8;
 static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory");
-
-// %tid.x read afresh: a value held across the role branch (across setmaxnreg) was spilled.
-__device__ __forceinline__ int tid_volatile() {
-  int t;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
-  return t;
-}
-
-__device__ __forceinline__ uint32_t ld_volatile_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
 
 // spans[cta][warp] = {clock64 span, tiles}; sink keeps every accumulator live.
 template <int kMode, int kAhead, int kPin>
@@ -101,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, float* si
   // Where a warp's results go, computed after its loop (by value: a reference to a kernel parameter
   // puts it in local memory).
   auto record = [sink, spans](float acc, long long cycles, int done) {
-    const int t = tid_volatile();
+    const int t = thread_index_volatile();
     sink[static_cast<long long>(blockIdx.x) * kThreads + t] = acc;
     if ((t & 31) == 0) {
       long long* span = spans + (static_cast<long long>(blockIdx.x) * kWarps + (t >> 5)) * 2;
@@ -113,21 +99,20 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, float* si
   if (tid >= WsConfig::kQkWarps * 32) {  // PV warps first, as the kernel (p34)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kPvRegs));
     if (kMode == kQk) return;
-    const int lane = tid_volatile() & 31, c = (tid_volatile() >> 5) - WsConfig::kQkWarps;
+    const int lane = thread_index_volatile() & 31, c = (thread_index_volatile() >> 5) - WsConfig::kQkWarps;
     float o[4][8][4];
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
       for (int f = 0; f < 8; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
-    const uint32_t lo_pv = row_offset((lane & 7) + (((lane >> 3) & 1) << 3), c * (WsConfig::kPvCols / 8) + (lane >> 4));
-    const uint32_t lo_p = (lane & 15) * WsConfig::kPRowBytes + (lane >> 4) * 16;
+    const uint32_t lo_pv = kdtree::ws::pv_lane_v(lane, c);
     // Tiles in pairs (stage and P buffer 0, then 1: compile-time offsets; with a run-time parity the
     // role's 160 registers spilled in the free-running mode).
-    const uint32_t pv_p = base + WsLayout::kPBuf + lo_p;
+    const uint32_t pv_p = base + WsLayout::kPBuf + kdtree::ws::pv_lane_p(lane);
     int i = 0;
     const long long t0 = clock64();
     for (;; i += 2) {
-      if (kMode == kBoth ? ld_volatile_u32(base + kDone) == WsConfig::kQkWarps : i == tiles) break;
+      if (kMode == kBoth ? ld_shared_s32(base + kDone) == WsConfig::kQkWarps : i == tiles) break;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (kMode == kCoupled) mbar_wait(base + kBars + 8 * h, (i >> 1) & 1);  // P(i + h) "full"
@@ -148,15 +133,11 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, float* si
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
     if (kMode == kPv) return;
-    const int lane = tid_volatile() & 31, g = tid_volatile() >> 5;
+    const int lane = thread_index_volatile() & 31, g = thread_index_volatile() >> 5;
     uint32_t q[WsConfig::kNopeSteps][4];
-    {
-      const uint32_t qb = base + row_offset(g * 16 + (lane & 15), lane >> 4);
-#pragma unroll
-      for (int ks = 0; ks < WsConfig::kNopeSteps; ++ks) ldmatrix_x4(qb + ks * 32, q[ks][0], q[ks][1], q[ks][2], q[ks][3]);
-    }
-    const uint32_t rope = base + WsLayout::kQRope + (g * 16 + (lane & 15)) * WsConfig::kRopeRowBytes + (lane >> 4) * 16;
-    const uint32_t lo_qk = row_offset((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    kdtree::ws::load_q_nope(base, g, lane, q);
+    const uint32_t rope = kdtree::ws::qk_lane_rope(base, g, lane);
+    const uint32_t lo_qk = kdtree::ws::qk_lane_k(lane);
     float acc = 0.f;
     const long long t0 = clock64();
     for (int i = 0; i < tiles; ++i) {

@@ -367,9 +367,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
     }
     // The row's shared address from %tid here: held over the tile loop it spilled 4 B on sm_120 in
     // the single-request instantiation (s1e).
-    uint32_t t_now;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t_now));
-    const uint32_t dst_row = dst_base + row_offset(static_cast<int>(t_now) / kTprK, 0);
+    const uint32_t dst_row = dst_base + row_offset(thread_index_volatile() / kTprK, 0);
 #pragma unroll
     for (int u = 0; u < kChunksPerThread; ++u) {
       const int c = my_chunk0 + kTprK * u;

@@ -183,6 +183,27 @@ struct QkState {
   float l[2];
 };
 
+// The lane's shared-memory offsets the tile pieces below take, and Q's nope fragments (ldmatrix
+// from the staged Q): one definition for the kernel and bench/diag/mma_phase.cu.
+// QK warp g: K fragments (`lo_qk`, relative to a stage), the rope columns' A fragments (absolute).
+__device__ __forceinline__ uint32_t qk_lane_k(int lane) {
+  return row_offset((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+}
+__device__ __forceinline__ uint32_t qk_lane_rope(uint32_t base, int g, int lane) {
+  return base + WsLayout::kQRope + (g * 16 + (lane & 15)) * WsConfig::kRopeRowBytes + (lane >> 4) * 16;
+}
+__device__ __forceinline__ void load_q_nope(uint32_t base, int g, int lane, uint32_t (&q)[WsConfig::kNopeSteps][4]) {
+  const uint32_t qb = base + row_offset(g * 16 + (lane & 15), lane >> 4);
+#pragma unroll
+  for (int ks = 0; ks < WsConfig::kNopeSteps; ++ks) ldmatrix_x4(qb + ks * 32, q[ks][0], q[ks][1], q[ks][2], q[ks][3]);
+}
+// PV warp c: V fragments of its columns (`lo_pv`, relative to a stage), P's A fragments (`lo_p`,
+// relative to a P buffer).
+__device__ __forceinline__ uint32_t pv_lane_v(int lane, int c) {
+  return row_offset((lane & 7) + (((lane >> 3) & 1) << 3), c * (WsConfig::kPvCols / 8) + (lane >> 4));
+}
+__device__ __forceinline__ uint32_t pv_lane_p(int lane) { return (lane & 15) * WsConfig::kPRowBytes + (lane >> 4) * 16; }
+
 // The QK warp's mma phase for one 32-key tile: S = Q K^T for the warp's 16 rows over the 576 depth
 // (Q's 32 nope k-steps from registers, the 4 rope k-steps from q_rope, K from the stage at
 // `tile_base`; `lo_qk` and `rope` are the lane's ldmatrix offsets). The K fragments are loaded
@@ -248,11 +269,7 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
   segment_prologue(p, cw, row_tile, tid, first);
   const uint32_t base = smem_addr(g_smem);
   QkState st;
-  {
-    const uint32_t qb = base + row_offset(g * 16 + (lane & 15), lane >> 4);
-#pragma unroll
-    for (int ks = 0; ks < WsConfig::kNopeSteps; ++ks) ldmatrix_x4(qb + ks * 32, st.q[ks][0], st.q[ks][1], st.q[ks][2], st.q[ks][3]);
-  }
+  load_q_nope(base, g, lane, st.q);
   st.m[0] = st.m[1] = -CUDART_INF_F;
   st.l[0] = st.l[1] = 0.f;
   __syncthreads();  // Q read: the stage area becomes the K pipeline
@@ -260,8 +277,8 @@ __device__ __forceinline__ void qk_segment(const KdtreeVerifyParams& p, const Ct
   const int T = cw.t_end - cw.t_begin;
   KDTREE_TILE_SEGMENT(tid == 0, T);
   const int prefix = cw.req.prefix, n = cw.req.n, prefix_tiles = cw.w.prefix_tiles;
-  const uint32_t rope = base + WsLayout::kQRope + (g * 16 + (lane & 15)) * WsConfig::kRopeRowBytes + (lane >> 4) * 16;
-  const uint32_t lo_qk = row_offset((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+  const uint32_t rope = qk_lane_rope(base, g, lane);
+  const uint32_t lo_qk = qk_lane_k(lane);
   const int row0 = row_tile * WsConfig::kM + g * 16 + (lane >> 2);
   const int col_lane = 2 * (lane & 3);
   constexpr float kLog2e = 1.4426950408889634f;
@@ -486,8 +503,8 @@ __device__ __forceinline__ void pv_segment(const KdtreeVerifyParams& p, const Ct
   if (T > 1) issue(t_begin + 1, -1);
   stage_ids(t_begin + 2);
 
-  const uint32_t lo_pv = row_offset((lane & 7) + (((lane >> 3) & 1) << 3), c * (WsConfig::kPvCols / 8) + (lane >> 4));
-  const uint32_t lo_p = (lane & 15) * WsConfig::kPRowBytes + (lane >> 4) * 16;
+  const uint32_t lo_pv = pv_lane_v(lane, c);
+  const uint32_t lo_p = pv_lane_p(lane);
   for (int i = 0; i < T; ++i) {
     const int pp = i & 1;
     const uint32_t tile_base = base + (i & 1) * WsConfig::kTileBytes;
