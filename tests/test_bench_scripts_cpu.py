@@ -504,8 +504,9 @@ def test_device_probe_compiles_for_sm90a(tmp_path, probe):
     """The standalone device diagnostics (gather_probe.cu: the gather's copy paths; cluster_probe.cu:
     how many CTA clusters of the Hopper kernel's shape fit; dsmem_exchange.cu: journal m38's 2-CTA
     partial-score exchange; mma_phase.cu: journal m39's warp-specialised mma phase alone, from the
-    kernel's own tile functions) build with the project's nvcc for sm_90a
-    without warnings or spills, so they are ready for a device run."""
+    kernel's own tile functions, and m39b's pair-split mix) build with the project's nvcc for sm_90a
+    without warnings and with no spill in any kernel, so they are ready for a device run (a spill
+    inside a timed loop would time the spill)."""
     from kdtree_backend.kernel.build import find_nvcc
 
     nvcc = find_nvcc()
@@ -518,7 +519,8 @@ def test_device_probe_compiles_for_sm90a(tmp_path, probe):
     assert r.returncode == 0, r.stderr[-3000:]
     assert out.exists()
     assert "warning" not in r.stderr.lower(), r.stderr[-3000:]
-    assert "spill stores" in r.stderr and " 0 bytes spill stores" in r.stderr, r.stderr[-3000:]
+    spills = [int(b) for b in re.findall(r"(\d+) bytes spill stores", r.stderr)]
+    assert spills and not any(spills), r.stderr[-3000:]
 
 
 def test_p14_register_probe_shows_the_role_budgets(tmp_path):

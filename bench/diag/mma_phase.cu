@@ -14,13 +14,18 @@
 //            for every QK warp's tile i (the P hand-off), QK tile j for every PV warp's tile j - 2
 //            (the stage it reads is refilled only after PV(j - 2)), by two mbarriers a parity.
 // and at three distances of the QK warp's K-fragment ring (kAhead k-steps ahead, a __syncwarp
-// every kPin k-steps; the kernel ships 2 / 3).
+// every kPin k-steps; the kernel ships 2 / 3). Then (journal m39b) the shipped distance coupled with
+// 400 cycles spun on the QK chain (its softmax and hand-off), and `pair_kernel`: the same four modes
+// for one CTA of journal p46's pair-split design (8 QK warps over half the depth, 4 PV warps over
+// half of O), coupled with 0, 400 and 1,500 cycles spun on each QK set's chain (see pair_kernel).
 //
 // Reported per variant and mode (median over CTAs): QK cycles a tile (its warps' clock64 span over
 // the tiles), PV cycles a tile, PV tiles done per QK tile, and the tensor pipe's work a scheduler as
 // HMMA per cycle over the QK span (both / coupled) against the registers-only rate of one m16n8k16
-// every ~6.3 cycles a scheduler (bench/diag/mma_issue.cu, journal m13). The kernel at F = 1 runs a
-// 32-key tile in ~3,256 cycles, its QK mma phase ~2,242 (m27b; B32 H8 n64 L8k).
+// every ~6.3 cycles a scheduler (bench/diag/mma_issue.cu, journal m13), and "work": SM-cycles for
+// one tile of the kernel's work (the kernel's mix: its QK cycles a tile; a pair CTA's tile is half of
+// one, so twice its cycles). The kernel at F = 1 runs a 32-key tile in ~3,256 cycles, its QK mma
+// phase ~2,242 (m27b; B32 H8 n64 L8k).
 //
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v bench/diag/mma_phase.cu -o /tmp/mma_phase
 //   /tmp/mma_phase [tiles=4000] [--json PATH]
@@ -30,6 +35,12 @@
 // The kernel's own mma phases, lane offsets, layout and barrier helpers.
 #include "../../kdtree_backend/kernel/csrc/portable/kernel_ws.cuh"
 #include "cuda_check.cuh"
+
+// At -DKDTREE_PIPE_FACTOR=3 (sm_120's regime, journal m27) ptxas spills up to 100 B inside these
+// loops (the extra mma's zero registers on top of the PV role's 160), which would time the spills.
+#if KDTREE_PIPE_FACTOR != 1
+#error "mma_phase.cu times the F = 1 pipe only: its loops spill at KDTREE_PIPE_FACTOR > 1"
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -65,8 +76,17 @@ constexpr int kSmemBytes = kBars + 4 * 8;
 static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory");
 
 // spans[cta][warp] = {clock64 span, tiles}; sink keeps every accumulator live.
+// Spins `cycles` SM cycles: what a role's chain does between its mma phases (the softmax and the
+// P hand-off; in pair mode also the partial-score exchange), without the pipe's or shared memory's time.
+__device__ __forceinline__ void spin(int cycles) {
+  if (cycles <= 0) return;
+  const long long s = clock64();
+  while (clock64() - s < cycles) {
+  }
+}
+
 template <int kMode, int kAhead, int kPin>
-__global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, float* sink, long long* spans) {
+__global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay, float* sink, long long* spans) {
   const uint32_t base = smem_addr(g_smem);
   const int tid = threadIdx.x;
   // Fixed random bf16 in [-0.5, 0.5) over the stages, q_rope and the P buffers (the layout's front).
@@ -147,6 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, float* si
 #pragma unroll
       for (int f = 0; f < WsConfig::kBN / 8; ++f) acc += (s[f][0] + s[f][1]) + (s[f][2] + s[f][3]);
       if (kMode == kCoupled) {
+        spin(delay);  // the softmax and hand-off's time on the chain
         __syncwarp();
         if (lane == 0) mbar_arrive(base + kBars + 8 * (i & 1));  // P(i) "full"
       }
@@ -160,10 +181,127 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, float* si
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Pair mode (journal m39b): the instruction mix of one CTA of journal p46's pair-split design, where
+// the two CTAs of a cluster each take half of QK^T's depth and half of O's columns, so each holds half
+// of Q and half of O, and the freed registers carry two QK warp sets. Per CTA: 8 QK warps (two sets
+// of 4 that take tiles by parity; warp g of a set owns rows 16g..16g+15, Q's first 18 nope k-steps in
+// 72 registers: `qk_tile_mma<2, 3, 18, 0>`) and 4 PV warps (64 output columns each of the CTA's 256:
+// the kernel's `pv_tile_mma`), three K stages, two P buffers. A CTA tile is half the work of a
+// kernel tile (72 + 64 HMMA a scheduler against 144 + 128), with the same shared-memory bytes an
+// HMMA; what differs is the mix: two QK warps and one PV warp a scheduler instead of one and two.
+// No exchange, fill or softmax: `delay` spins on each QK set's chain where they would run (m38: the
+// exchange ~1,110 cycles, the softmax and hand-off ~380). Registers: setmaxnreg QK 152, PV 200 (the
+// launch's 168 a thread). Coupled protocol: QK tile j (set j & 1) waits for PV(j - 3)
+// (its stage, j % 3), runs its mma, spins, waits for PV(j - 2) (its P buffer, j & 1) and arrives on
+// P full(j); PV tile i waits for P full(i) and arrives on done(i % 3).
+constexpr int kPairQkWarps = 8, kPairPvWarps = 4, kPairSteps = 18, kPairStages = 3;
+constexpr int kPairP = kPairStages * WsConfig::kTileBytes;
+constexpr int kPairDone = kPairP + 2 * kPBytes;
+constexpr int kPairBars = (kPairDone + 8 + 7) / 8 * 8;  // P full[2] (4 QK arrivals), done[3] (4 PV arrivals)
+constexpr int kPairSmemBytes = kPairBars + 5 * 8;
+// setmaxnreg: the QK warps need ~130 (Q 72, scores 16, the K-fragment ring 24), the PV warps the
+// kernel's PV loop (128 accumulators and its fragments); at the launch's 168 for all, the PV role
+// spilled in the free-running mode.
+constexpr int kPairQkRegs = 152, kPairPvRegs = 200;
+static_assert(kPairQkWarps * kPairQkRegs + kPairPvWarps * kPairPvRegs == kWarps * WsConfig::kLaunchRegs, "setmaxnreg budget");
+static_assert(kPairQkWarps + kPairPvWarps == kWarps, "pair mode runs the kernel's 12 warps");
+static_assert(kPairSmemBytes <= 227 * 1024, "fits the H200's shared memory");
+
+template <int kMode>
+__global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay, float* sink, long long* spans) {
+  const uint32_t base = smem_addr(g_smem);
+  for (int off = thread_index_volatile() * 4; off < kPairDone; off += kThreads * 4) {
+    uint32_t h = static_cast<uint32_t>(off) * 2654435761u + blockIdx.x * 40503u;
+    h ^= h >> 15;
+    const float lo = static_cast<float>(h & 0xff) / 256.f - 0.5f, hi = static_cast<float>((h >> 8) & 0xff) / 256.f - 0.5f;
+    *reinterpret_cast<__nv_bfloat162*>(g_smem + off) = __floats2bfloat162_rn(lo, hi);
+  }
+  if (thread_index_volatile() == 0) {
+    *reinterpret_cast<uint32_t*>(g_smem + kPairDone) = 0u;
+    for (int s = 0; s < 2; ++s) mbar_init(base + kPairBars + 8 * s, 4);  // P full of set s
+    for (int r = 0; r < 3; ++r) mbar_init(base + kPairBars + 16 + 8 * r, kPairPvWarps);  // PV(i) done, i % 3 == r
+  }
+  __syncthreads();
+  auto record = [sink, spans](float acc, long long cycles, int done) {
+    const int t = thread_index_volatile();
+    sink[static_cast<long long>(blockIdx.x) * kThreads + t] = acc;
+    if ((t & 31) == 0) {
+      long long* span = spans + (static_cast<long long>(blockIdx.x) * kWarps + (t >> 5)) * 2;
+      span[0] = cycles;
+      span[1] = done;
+    }
+  };
+  const uint32_t done_bar = base + kPairBars + 16;
+  if (thread_index_volatile() >= kPairQkWarps * 32) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kPairPvRegs));
+    if (kMode == kQk) return;
+    const int lane = thread_index_volatile() & 31, c = (thread_index_volatile() >> 5) - kPairQkWarps;
+    float o[4][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int f = 0; f < 8; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
+    const uint32_t lo_pv = kdtree::ws::pv_lane_v(lane, c);
+    const uint32_t pv_p = base + kPairP + kdtree::ws::pv_lane_p(lane);
+    int i = 0;
+    const long long t0 = clock64();
+    for (;; ++i) {
+      if (kMode == kBoth ? ld_shared_s32(base + kPairDone) == kPairQkWarps : i == tiles) break;
+      const int r = i % kPairStages;
+      if (kMode == kCoupled) mbar_wait(base + kPairBars + 8 * (i & 1), (i >> 1) & 1);  // P(i) full
+      kdtree::ws::pv_tile_mma(o, pv_p + (i & 1) * kPBytes, base + r * WsConfig::kTileBytes, lo_pv);
+      if (kMode == kCoupled) {
+        __syncwarp();
+        if (kdtree::lane_id_volatile() == 0) mbar_arrive(done_bar + 8 * r);  // PV(i) done: stage, P buffer free
+      }
+    }
+    const long long t1 = clock64();
+    float acc = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int f = 0; f < 8; ++f) acc += o[mt][f][0] + o[mt][f][1] + o[mt][f][2] + o[mt][f][3];
+    record(acc, t1 - t0, i);
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kPairQkRegs));
+    if (kMode == kPv) return;
+    const int lane = thread_index_volatile() & 31, w = thread_index_volatile() >> 5;
+    const int set = w >> 2, g = w & 3;
+    uint32_t q[kPairSteps][4];
+    kdtree::ws::load_q_nope<kPairSteps>(base, g, lane, q);
+    const uint32_t lo_qk = kdtree::ws::qk_lane_k(lane);
+    float acc = 0.f;
+    const long long t0 = clock64();
+    for (int k = 0; k < tiles / 2; ++k) {
+      const int j = 2 * k + set;
+      const int r = j % kPairStages;
+      if (kMode == kCoupled && j >= kPairStages) mbar_wait(done_bar + 8 * r, ((j - kPairStages) / kPairStages) & 1);
+      float s[WsConfig::kBN / 8][4];
+      kdtree::ws::qk_tile_mma<WsConfig::kQkAhead, WsConfig::kQkPin, kPairSteps, 0>(base + r * WsConfig::kTileBytes, lo_qk, 0u,
+                                                                                 q, s);
+#pragma unroll
+      for (int f = 0; f < WsConfig::kBN / 8; ++f) acc += (s[f][0] + s[f][1]) + (s[f][2] + s[f][3]);
+      if (kMode == kCoupled) {
+        spin(delay);  // the exchange, the softmax and the hand-off
+        if (j >= 2) mbar_wait(done_bar + 8 * ((j - 2) % kPairStages), ((j - 2) / kPairStages) & 1);  // P buffer j & 1 free
+        __syncwarp();
+        if (lane == 0) mbar_arrive(base + kPairBars + 8 * set);  // P(j) full
+      }
+    }
+    const long long t1 = clock64();
+    if (kMode == kBoth) {
+      __syncwarp();
+      if (lane == 0) atomicAdd(reinterpret_cast<unsigned*>(g_smem + kPairDone), 1u);
+    }
+    record(acc, t1 - t0, tiles / 2);
+  }
+}
+
 struct Variant {
   const char* name;
   int ahead, pin;
-  void (*kernels[4])(int, float*, long long*);
+  void (*kernels[4])(int, int, float*, long long*);
 };
 
 template <int kAhead, int kPin>
@@ -178,6 +316,54 @@ Variant make_variant(const char* name) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// What one launch's spans mean: warps [0, qk_warps) are QK warps, the rest PV warps; a CTA tile is
+// `qk_per_tile` QK warp-tiles (and `pv_per_tile` PV warp-tiles) of `qk_hmma` (`pv_hmma`) mma each,
+// and `work` such CTA tiles make one tile of the kernel's work (1 for the kernel's mix, 2 for a pair).
+struct Roles {
+  int qk_warps, qk_per_tile, pv_per_tile, qk_hmma, pv_hmma, work;
+};
+constexpr Roles kKernelRoles{WsConfig::kQkWarps, WsConfig::kQkWarps, WsConfig::kPvWarps, 144, 64, 1};
+constexpr Roles kPairRoles{kPairQkWarps, 4, kPairPvWarps, 4 * kPairSteps, 64, 2};
+
+struct Row {
+  double qk, pv, ratio, rate;  // cycles a CTA tile (QK, PV), PV tiles a QK tile, HMMA a cycle a scheduler
+};
+
+// Warm-up launch, timed launch, medians over CTAs. The rate counts the pipe's real work: each mma
+// is KDTREE_PIPE_FACTOR mma in a --pipe-factor build.
+Row measure(void (*kernel)(int, int, float*, long long*), int smem, int mode, const Roles& roles, int sms, int tiles,
+            int delay, float* sink, long long* spans, std::vector<long long>& h) {
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  CHECK(cudaMemset(spans, 0, sizeof(long long) * h.size()));
+  kernel<<<sms, kThreads, smem>>>(tiles, delay, sink, spans);
+  CHECK(cudaGetLastError());
+  kernel<<<sms, kThreads, smem>>>(tiles, delay, sink, spans);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaMemcpy(h.data(), spans, sizeof(long long) * h.size(), cudaMemcpyDeviceToHost));
+  std::vector<double> qk, pv, ratio, rate;
+  for (int b = 0; b < sms; ++b) {
+    const long long* s = h.data() + static_cast<size_t>(b) * kWarps * 2;
+    double qk_span = 0, qk_wt = 0, pv_span = 0, pv_wt = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < roles.qk_warps) {
+        qk_span = std::max(qk_span, static_cast<double>(s[2 * w]));
+        qk_wt += static_cast<double>(s[2 * w + 1]);
+      } else {
+        pv_span = std::max(pv_span, static_cast<double>(s[2 * w]));
+        pv_wt += static_cast<double>(s[2 * w + 1]);
+      }
+    }
+    const double qk_tiles = qk_wt / roles.qk_per_tile, pv_tiles = pv_wt / roles.pv_per_tile;
+    const double work = KDTREE_PIPE_FACTOR * (roles.qk_hmma * (mode == kPv ? 0.0 : qk_wt) + roles.pv_hmma * (mode == kQk ? 0.0 : pv_wt)) / 4.0;
+    if (mode != kPv) qk.push_back(qk_span / qk_tiles);
+    if (mode != kQk) pv.push_back(pv_span / pv_tiles);
+    if (mode >= kBoth) ratio.push_back(pv_tiles / qk_tiles);
+    rate.push_back(work / (mode == kPv ? pv_span : qk_span));
+  }
+  return {median(qk), median(pv), median(ratio), median(rate)};
 }
 
 }  // namespace
@@ -199,7 +385,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, dev));
   if (tiles < 2 || tiles % 2 != 0) {
-    fprintf(stderr, "mma_phase: tiles must be even and >= 2 (the PV warps run them in pairs), got %d\n", tiles);
+    fprintf(stderr, "mma_phase: tiles must be even and >= 2 (the PV warps and the pair's QK sets take them in pairs), got %d\n",
+            tiles);
     return 2;
   }
   if (major != 9 || minor != 0) {
@@ -215,58 +402,46 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&spans, sizeof(long long) * sms * kWarps * 2));
   std::vector<long long> h(static_cast<size_t>(sms) * kWarps * 2);
   std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"sms\": " + std::to_string(sms) +
-                     ", \"tiles\": " + std::to_string(tiles) + ", \"rows\": [";
-  printf("%s, %d SMs, %d tiles a CTA; cycles a 32-key tile (median over CTAs); HMMA/cycle a scheduler over the QK span\n",
-         prop.name, sms, tiles);
-  printf("%-24s %-8s %9s %9s %13s %13s\n", "variant", "mode", "qk cyc", "pv cyc", "pv tiles/qk", "hmma/cyc/sch");
+                     ", \"tiles\": " + std::to_string(tiles) + ", \"pipe_factor\": " + std::to_string(KDTREE_PIPE_FACTOR) +
+                     ", \"rows\": [";
+  printf("%s, %d SMs, %d tiles a CTA, pipe factor %d; cycles a CTA tile (median over CTAs); HMMA/cycle a scheduler over the QK span;\n"
+         "work cyc = SM-cycles for one tile of the kernel's work (the kernel's mix: its QK cycles; pair: 2 x its QK cycles)\n",
+         prop.name, sms, tiles, KDTREE_PIPE_FACTOR);
+  printf("%-24s %-8s %6s %9s %9s %13s %13s %9s\n", "variant", "mode", "delay", "qk cyc", "pv cyc", "pv tiles/qk", "hmma/cyc/sch",
+         "work cyc");
   bool first_row = true;
-  for (const Variant& v : variants) {
-    for (int m = 0; m < 4; ++m) {
-      CHECK(cudaFuncSetAttribute(v.kernels[m], cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-      CHECK(cudaMemset(spans, 0, sizeof(long long) * sms * kWarps * 2));
-      v.kernels[m]<<<sms, kThreads, kSmemBytes>>>(tiles, sink, spans);  // warm-up, then the timed launch
-      CHECK(cudaGetLastError());
-      v.kernels[m]<<<sms, kThreads, kSmemBytes>>>(tiles, sink, spans);
-      CHECK(cudaGetLastError());
-      CHECK(cudaDeviceSynchronize());
-      CHECK(cudaMemcpy(h.data(), spans, sizeof(long long) * h.size(), cudaMemcpyDeviceToHost));
-      std::vector<double> qk, pv, ratio, rate;
-      for (int b = 0; b < sms; ++b) {
-        const long long* s = h.data() + static_cast<size_t>(b) * kWarps * 2;
-        double qk_span = 0, qk_tiles = 0, pv_span = 0, pv_tiles = 0;
-        for (int w = 0; w < WsConfig::kQkWarps; ++w) {
-          qk_span = std::max(qk_span, static_cast<double>(s[2 * w]));
-          qk_tiles += static_cast<double>(s[2 * w + 1]);
-        }
-        for (int w = WsConfig::kQkWarps; w < kWarps; ++w) {
-          pv_span = std::max(pv_span, static_cast<double>(s[2 * w]));
-          pv_tiles += static_cast<double>(s[2 * w + 1]);
-        }
-        qk_tiles /= WsConfig::kQkWarps;
-        pv_tiles /= WsConfig::kPvWarps;
-        if (m != kPv) qk.push_back(qk_span / qk_tiles);
-        if (m != kQk) pv.push_back(pv_span / pv_tiles);
-        if (m >= kBoth) {
-          ratio.push_back(pv_tiles / qk_tiles);
-          // a scheduler's work over the QK span: one QK warp's 144 mma a tile, two PV warps' 64
-          rate.push_back((144.0 * qk_tiles + 2 * 64.0 * pv_tiles) / qk_span);
-        } else if (m == kQk) {
-          rate.push_back(144.0 * qk_tiles / qk_span);
-        } else {
-          rate.push_back(2 * 64.0 * pv_tiles / pv_span);
-        }
-      }
-      const double q = median(qk), p = median(pv), r = median(ratio), hr = median(rate);
-      printf("%-24s %-8s %9.0f %9.0f %13.3f %13.4f  (%.2f cycles an HMMA)\n", v.name, kModeNames[m], q, p, r, hr, 1.0 / hr);
-      char row[512];
-      snprintf(row, sizeof(row),
-               "%s{\"variant\": \"%s\", \"ahead\": %d, \"pin\": %d, \"mode\": \"%s\", \"qk_cycles_per_tile\": %.1f, "
-               "\"pv_cycles_per_tile\": %.1f, \"pv_tiles_per_qk_tile\": %.4f, \"hmma_per_cycle_per_scheduler\": %.5f}",
-               first_row ? "" : ", ", v.name, v.ahead, v.pin, kModeNames[m], q, p, r, hr);
-      json += row;
-      first_row = false;
+  auto report = [&](const char* layout, const char* name, int ahead, int pin, int mode, int delay, const Roles& roles,
+                    const Row& r) {
+    const double work = mode == kPv ? r.pv * roles.work : r.qk * roles.work;
+    printf("%-24s %-8s %6d %9.0f %9.0f %13.3f %13.4f %9.0f  (%.2f cycles an HMMA)\n", name, kModeNames[mode], delay, r.qk, r.pv,
+           r.ratio, r.rate, work, 1.0 / r.rate);
+    char row[640];
+    snprintf(row, sizeof(row),
+             "%s{\"layout\": \"%s\", \"variant\": \"%s\", \"ahead\": %d, \"pin\": %d, \"mode\": \"%s\", \"delay\": %d, "
+             "\"qk_cycles_per_tile\": %.1f, \"pv_cycles_per_tile\": %.1f, \"pv_tiles_per_qk_tile\": %.4f, "
+             "\"hmma_per_cycle_per_scheduler\": %.5f, \"sm_cycles_per_kernel_tile\": %.1f}",
+             first_row ? "" : ", ", layout, name, ahead, pin, kModeNames[mode], delay, r.qk, r.pv, r.ratio, r.rate, work);
+    json += row;
+    first_row = false;
+  };
+  // m39: the kernel's mix, four distances, four modes (coupled without a delay, as predicted).
+  for (const Variant& v : variants)
+    for (int m = 0; m < 4; ++m)
+      report("kernel", v.name, v.ahead, v.pin, m, 0,  kKernelRoles,
+             measure(v.kernels[m], kSmemBytes, m, kKernelRoles, sms, tiles, 0, sink, spans, h));
+  // m39b: the kernel's mix coupled with its softmax and hand-off's time on the QK chain (~400, m27b),
+  // and the pair's mix: alone, free-running, and coupled with nothing, the softmax only, and the
+  // exchange and softmax (~1,500, m38) on each QK set's chain.
+  report("kernel", variants[0].name, 2, 3, kCoupled, 400, kKernelRoles,
+         measure(variants[0].kernels[kCoupled], kSmemBytes, kCoupled, kKernelRoles, sms, tiles, 400, sink, spans, h));
+  void (*const pair[4])(int, int, float*, long long*) = {pair_kernel<kQk>, pair_kernel<kPv>, pair_kernel<kBoth>,
+                                                         pair_kernel<kCoupled>};
+  for (int m = 0; m < 4; ++m)
+    for (int delay : {0, 400, 1500}) {
+      if (m != kCoupled && delay != 0) continue;
+      report("pair", "pair (18 k-steps, 3 stages)", 2, 3, m, delay, kPairRoles,
+             measure(pair[m], kPairSmemBytes, m, kPairRoles, sms, tiles, delay, sink, spans, h));
     }
-  }
   json += "]}\n";
   if (json_path != nullptr) {
     FILE* f = fopen(json_path, "w");

@@ -192,10 +192,12 @@ __device__ __forceinline__ uint32_t qk_lane_k(int lane) {
 __device__ __forceinline__ uint32_t qk_lane_rope(uint32_t base, int g, int lane) {
   return base + WsLayout::kQRope + (g * 16 + (lane & 15)) * WsConfig::kRopeRowBytes + (lane >> 4) * 16;
 }
-__device__ __forceinline__ void load_q_nope(uint32_t base, int g, int lane, uint32_t (&q)[WsConfig::kNopeSteps][4]) {
+// (kSteps: the first kSteps of the 32 nope k-steps; mma_phase.cu's pair mode holds 18.)
+template <int kSteps = WsConfig::kNopeSteps>
+__device__ __forceinline__ void load_q_nope(uint32_t base, int g, int lane, uint32_t (&q)[kSteps][4]) {
   const uint32_t qb = base + row_offset(g * 16 + (lane & 15), lane >> 4);
 #pragma unroll
-  for (int ks = 0; ks < WsConfig::kNopeSteps; ++ks) ldmatrix_x4(qb + ks * 32, q[ks][0], q[ks][1], q[ks][2], q[ks][3]);
+  for (int ks = 0; ks < kSteps; ++ks) ldmatrix_x4(qb + ks * 32, q[ks][0], q[ks][1], q[ks][2], q[ks][3]);
 }
 // PV warp c: V fragments of its columns (`lo_pv`, relative to a stage), P's A fragments (`lo_p`,
 // relative to a P buffer).
@@ -213,12 +215,14 @@ __device__ __forceinline__ uint32_t pv_lane_p(int lane) { return (lane & 15) * W
 // mma ahead for ~93% of the loop's mma on sm_120a, >= 6 for ~90-95% on sm_90a / sm_100a, with no spill
 // on sm_100a / sm_120a (3 and 2 k-steps ahead or a warp barrier every k-step spill one of them). The
 // kernel uses WsConfig's distances; bench/diag/mma_phase.cu times this same code alone, beside the PV
-// warps' `pv_tile_mma`, at other distances (journal m39).
-template <int kAhead = WsConfig::kQkAhead, int kPin = WsConfig::kQkPin>
-__device__ __forceinline__ void qk_tile_mma(uint32_t tile_base, uint32_t lo_qk, uint32_t rope,
-                                            const uint32_t (&q)[WsConfig::kNopeSteps][4], float (&s)[WsConfig::kBN / 8][4]) {
+// warps' `pv_tile_mma`, at other distances (journal m39), and over part of the depth (kNope k-steps
+// from registers, kRope from q_rope: a depth-split QK warp's instruction mix, journal m39b).
+template <int kAhead = WsConfig::kQkAhead, int kPin = WsConfig::kQkPin, int kNope = WsConfig::kNopeSteps,
+          int kRope = WsConfig::kRopeSteps>
+__device__ __forceinline__ void qk_tile_mma(uint32_t tile_base, uint32_t lo_qk, uint32_t rope, const uint32_t (&q)[kNope][4],
+                                            float (&s)[WsConfig::kBN / 8][4]) {
   constexpr int NT = WsConfig::kBN / 8;
-  constexpr int kSteps = WsConfig::kNopeSteps + WsConfig::kRopeSteps;
+  constexpr int kSteps = kNope + kRope;
 #pragma unroll
   for (int f = 0; f < NT; ++f) s[f][0] = s[f][1] = s[f][2] = s[f][3] = 0.f;
   uint32_t kb[kAhead + 1][NT / 2][4];
@@ -234,13 +238,13 @@ __device__ __forceinline__ void qk_tile_mma(uint32_t tile_base, uint32_t lo_qk, 
     if (ks + kAhead < kSteps) load_k(ks + kAhead, kb[(ks + kAhead) % (kAhead + 1)]);
     if (ks % kPin == 0) __syncwarp();  // ptxas does not move a shared load past it
     uint32_t a[4];
-    if (ks < WsConfig::kNopeSteps) {
+    if (ks < kNope) {
       a[0] = q[ks][0];
       a[1] = q[ks][1];
       a[2] = q[ks][2];
       a[3] = q[ks][3];
     } else {
-      ldmatrix_x4(rope + (ks - WsConfig::kNopeSteps) * 32, a[0], a[1], a[2], a[3]);
+      ldmatrix_x4(rope + (ks - kNope) * 32, a[0], a[1], a[2], a[3]);
     }
     const uint32_t (&b)[NT / 2][4] = kb[ks % (kAhead + 1)];
 #pragma unroll
