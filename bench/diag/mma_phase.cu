@@ -75,7 +75,6 @@ constexpr int kBars = (kDone + 8 + 7) / 8 * 8;
 constexpr int kSmemBytes = kBars + 4 * 8;
 static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory");
 
-// spans[cta][warp] = {clock64 span, tiles}; sink keeps every accumulator live.
 // Spins `cycles` SM cycles: what a role's chain does between its mma phases (the softmax and the
 // P hand-off; in pair mode also the partial-score exchange), without the pipe's or shared memory's time.
 __device__ __forceinline__ void spin(int cycles) {
@@ -85,17 +84,35 @@ __device__ __forceinline__ void spin(int cycles) {
   }
 }
 
-template <int kMode, int kAhead, int kPin>
-__global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay, float* sink, long long* spans) {
-  const uint32_t base = smem_addr(g_smem);
-  const int tid = threadIdx.x;
-  // Fixed random bf16 in [-0.5, 0.5) over the stages, q_rope and the P buffers (the layout's front).
-  for (int off = tid * 4; off < WsLayout::kPBuf + 2 * kPBytes; off += kThreads * 4) {
+// Fixed random bf16 in [-0.5, 0.5) over the first `bytes` of shared memory (K stages, q_rope, P
+// buffers: what the mma phases read).
+__device__ __forceinline__ void fill_random(int bytes) {
+  for (int off = thread_index_volatile() * 4; off < bytes; off += kThreads * 4) {
     uint32_t h = static_cast<uint32_t>(off) * 2654435761u + blockIdx.x * 40503u;
     h ^= h >> 15;
     const float lo = static_cast<float>(h & 0xff) / 256.f - 0.5f, hi = static_cast<float>((h >> 8) & 0xff) / 256.f - 0.5f;
     *reinterpret_cast<__nv_bfloat162*>(g_smem + off) = __floats2bfloat162_rn(lo, hi);
   }
+}
+
+// Where a warp's results go, called after its loop: sink keeps every accumulator live, spans[cta][warp]
+// = {clock64 span, tiles}. The pointers come by value (a reference to a kernel parameter puts it in
+// local memory) and the thread index is read afresh.
+__device__ __forceinline__ void record(float* sink, long long* spans, float acc, long long cycles, int done) {
+  const int t = thread_index_volatile();
+  sink[static_cast<long long>(blockIdx.x) * kThreads + t] = acc;
+  if ((t & 31) == 0) {
+    long long* span = spans + (static_cast<long long>(blockIdx.x) * kWarps + (t >> 5)) * 2;
+    span[0] = cycles;
+    span[1] = done;
+  }
+}
+
+template <int kMode, int kAhead, int kPin>
+__global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay, float* sink, long long* spans) {
+  const uint32_t base = smem_addr(g_smem);
+  const int tid = threadIdx.x;
+  fill_random(WsLayout::kPBuf + 2 * kPBytes);  // the stages, q_rope and the P buffers (the layout's front)
   if (tid == 0) {
     *reinterpret_cast<uint32_t*>(g_smem + kDone) = 0u;
     for (int s = 0; s < 2; ++s) {
@@ -104,17 +121,6 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay
     }
   }
   __syncthreads();
-  // Where a warp's results go, computed after its loop (by value: a reference to a kernel parameter
-  // puts it in local memory).
-  auto record = [sink, spans](float acc, long long cycles, int done) {
-    const int t = thread_index_volatile();
-    sink[static_cast<long long>(blockIdx.x) * kThreads + t] = acc;
-    if ((t & 31) == 0) {
-      long long* span = spans + (static_cast<long long>(blockIdx.x) * kWarps + (t >> 5)) * 2;
-      span[0] = cycles;
-      span[1] = done;
-    }
-  };
 
   if (tid >= WsConfig::kQkWarps * 32) {  // PV warps first, as the kernel (p34)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kPvRegs));
@@ -149,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
       for (int f = 0; f < 8; ++f) acc += o[mt][f][0] + o[mt][f][1] + o[mt][f][2] + o[mt][f][3];
-    record(acc, t1 - t0, i);
+    record(sink, spans, acc, t1 - t0, i);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
     if (kMode == kPv) return;
@@ -177,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay
       __syncwarp();
       if (lane == 0) atomicAdd(reinterpret_cast<unsigned*>(g_smem + kDone), 1u);
     }
-    record(acc, t1 - t0, tiles);
+    record(sink, spans, acc, t1 - t0, tiles);
   }
 }
 
@@ -211,27 +217,13 @@ static_assert(kPairSmemBytes <= 227 * 1024, "fits the H200's shared memory");
 template <int kMode>
 __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay, float* sink, long long* spans) {
   const uint32_t base = smem_addr(g_smem);
-  for (int off = thread_index_volatile() * 4; off < kPairDone; off += kThreads * 4) {
-    uint32_t h = static_cast<uint32_t>(off) * 2654435761u + blockIdx.x * 40503u;
-    h ^= h >> 15;
-    const float lo = static_cast<float>(h & 0xff) / 256.f - 0.5f, hi = static_cast<float>((h >> 8) & 0xff) / 256.f - 0.5f;
-    *reinterpret_cast<__nv_bfloat162*>(g_smem + off) = __floats2bfloat162_rn(lo, hi);
-  }
+  fill_random(kPairDone);  // the three stages and the two P buffers
   if (thread_index_volatile() == 0) {
     *reinterpret_cast<uint32_t*>(g_smem + kPairDone) = 0u;
     for (int s = 0; s < 2; ++s) mbar_init(base + kPairBars + 8 * s, 4);  // P full of set s
     for (int r = 0; r < 3; ++r) mbar_init(base + kPairBars + 16 + 8 * r, kPairPvWarps);  // PV(i) done, i % 3 == r
   }
   __syncthreads();
-  auto record = [sink, spans](float acc, long long cycles, int done) {
-    const int t = thread_index_volatile();
-    sink[static_cast<long long>(blockIdx.x) * kThreads + t] = acc;
-    if ((t & 31) == 0) {
-      long long* span = spans + (static_cast<long long>(blockIdx.x) * kWarps + (t >> 5)) * 2;
-      span[0] = cycles;
-      span[1] = done;
-    }
-  };
   const uint32_t done_bar = base + kPairBars + 16;
   if (thread_index_volatile() >= kPairQkWarps * 32) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kPairPvRegs));
@@ -262,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
       for (int f = 0; f < 8; ++f) acc += o[mt][f][0] + o[mt][f][1] + o[mt][f][2] + o[mt][f][3];
-    record(acc, t1 - t0, i);
+    record(sink, spans, acc, t1 - t0, i);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kPairQkRegs));
     if (kMode == kPv) return;
@@ -294,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
       __syncwarp();
       if (lane == 0) atomicAdd(reinterpret_cast<unsigned*>(g_smem + kPairDone), 1u);
     }
-    record(acc, t1 - t0, tiles / 2);
+    record(sink, spans, acc, t1 - t0, tiles / 2);
   }
 }
 
