@@ -108,6 +108,22 @@ __device__ __forceinline__ void record(float* sink, long long* spans, float acc,
   }
 }
 
+// A PV warp's accumulators (64 rows x its 64 columns): zeroed before its loop, summed into the sink after.
+__device__ __forceinline__ void zero_o(float (&o)[4][8][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int f = 0; f < 8; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
+}
+__device__ __forceinline__ float sum_o(const float (&o)[4][8][4]) {
+  float acc = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int f = 0; f < 8; ++f) acc += o[mt][f][0] + o[mt][f][1] + o[mt][f][2] + o[mt][f][3];
+  return acc;
+}
+
 template <int kMode, int kAhead, int kPin>
 __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay, float* sink, long long* spans) {
   const uint32_t base = smem_addr(g_smem);
@@ -127,10 +143,7 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay
     if (kMode == kQk) return;
     const int lane = thread_index_volatile() & 31, c = (thread_index_volatile() >> 5) - WsConfig::kQkWarps;
     float o[4][8][4];
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int f = 0; f < 8; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
+    zero_o(o);
     const uint32_t lo_pv = kdtree::ws::pv_lane_v(lane, c);
     // Tiles in pairs (stage and P buffer 0, then 1: compile-time offsets; with a run-time parity the
     // role's 160 registers spilled in the free-running mode).
@@ -150,12 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay
       }
     }
     const long long t1 = clock64();
-    float acc = 0.f;
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int f = 0; f < 8; ++f) acc += o[mt][f][0] + o[mt][f][1] + o[mt][f][2] + o[mt][f][3];
-    record(sink, spans, acc, t1 - t0, i);
+    record(sink, spans, sum_o(o), t1 - t0, i);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
     if (kMode == kPv) return;
@@ -230,10 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
     if (kMode == kQk) return;
     const int lane = thread_index_volatile() & 31, c = (thread_index_volatile() >> 5) - kPairQkWarps;
     float o[4][8][4];
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int f = 0; f < 8; ++f) o[mt][f][0] = o[mt][f][1] = o[mt][f][2] = o[mt][f][3] = 0.f;
+    zero_o(o);
     const uint32_t lo_pv = kdtree::ws::pv_lane_v(lane, c);
     const uint32_t pv_p = base + kPairP + kdtree::ws::pv_lane_p(lane);
     int i = 0;
@@ -249,12 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
       }
     }
     const long long t1 = clock64();
-    float acc = 0.f;
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-      for (int f = 0; f < 8; ++f) acc += o[mt][f][0] + o[mt][f][1] + o[mt][f][2] + o[mt][f][3];
-    record(sink, spans, acc, t1 - t0, i);
+    record(sink, spans, sum_o(o), t1 - t0, i);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kPairQkRegs));
     if (kMode == kPv) return;
