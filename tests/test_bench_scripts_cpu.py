@@ -282,6 +282,26 @@ def test_driver_dry_run_of_stamps(drv, capsys):
     assert "--profiler --arch 120 --no-ptx" in out
 
 
+def test_driver_dry_run_of_probes(drv, capsys):
+    """The probe step: a bench/diag/NAME.cu built for this GPU's arch-specific target and run with the
+    step's words; a probe that parses --json writes into $OUT (numbered when the same probe runs twice),
+    one that does not only logs. No setup step is needed. An unknown probe is refused, naming those
+    there are."""
+    out = _dry(drv, capsys, "probe", "mma_phase", "4000", "probe", "mma_issue", "probe", "mma_phase", "4000")
+    assert "back in /tmp/out: probe-mma_phase-1.json, probe-mma_phase-2.json, run.json" in out
+    assert (f"nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v {ROOT}/bench/diag/mma_phase.cu "
+            "-o /tmp/kdtree-device/probe_mma_phase") in out
+    assert "/tmp/kdtree-device/probe_mma_phase 4000 --json /tmp/out/probe-mma_phase-1.json" in out
+    assert "/tmp/kdtree-device/probe_mma_phase 4000 --json /tmp/out/probe-mma_phase-2.json" in out
+    assert re.search(r"/tmp/kdtree-device/probe_mma_issue  \[timeout", out)  # no --json: mma_issue does not parse it
+    assert "log probe-1-mma_phase.log" in out and "log probe-3-mma_phase.log" in out
+    assert "compute_120a,code=sm_120a" in _dry(drv, capsys, "probe", "dsmem_exchange", capability="12.0")
+    with pytest.raises(drv.UsageError, match="no bench/diag/nosuch.cu .*mma_phase"):
+        drv.parse_steps(["probe", "nosuch"])
+    with pytest.raises(drv.UsageError, match="probe NAME"):
+        drv.parse_steps(["probe"])
+
+
 def test_driver_ab_summary(drv, tmp_path):
     def smoke_json(name, scale):
         (tmp_path / f"ab-{name}.json").write_text(json.dumps({"timings": [

@@ -39,6 +39,11 @@ A step name starts a step and the words after it, up to the next step name, are 
                                portable kernel or the Hopper kernel: this checkout's (or DIR's, another
                                checkout) --profiler library for this GPU's arch, then one process a
                                B,H,n,L shape; each shape's table is echoed, its JSON kept in the logs
+  probe NAME [ARG ...]         a standalone diagnostic, bench/diag/NAME.cu: built with nvcc for this GPU's
+                               arch-specific target (sm_90a on an H100/H200), run with ARGs, its output
+                               echoed; a probe that takes --json writes probe-NAME.json into $OUT.
+                               Needs no setup (no wheels, no library): journal m39's call is
+                               `probe mma_phase 4000 probe mma_issue probe mma_phase 4000`
 
 PATHS is hopper, portable, hopper,portable (or both); hopper is dropped on a GPU that is not
 compute capability 9.0. Any step takes `lib=FILE` (KDTREE_LIB for its commands); profile takes
@@ -113,7 +118,7 @@ NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWork
 # step name -> (default budget in seconds, per kernel path?); None: shares what is left (bench)
 DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": (300.0, True), "bench": (None, False),
                    "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False), "stamps": (120.0, False),
-                   "ragged": (150.0, False)}
+                   "ragged": (150.0, False), "probe": (120.0, False)}
 # the kernel paths whose tile loops stamp their hand-offs (csrc/common/tile_stamps.cuh)
 STAMP_PATHS = ("portable", "hopper")
 STEPS = tuple(DEFAULT_BUDGETS)
@@ -204,11 +209,15 @@ def _check_shape(step: str, shape: str) -> None:
 
 def _check_step(s: Step) -> None:
     plain = s.plain()
-    need = {"tests": 1, "sanitize": 1, "bench": 2, "profile": 2, "stamps": 2}.get(s.name, 0)
+    need = {"tests": 1, "sanitize": 1, "bench": 2, "profile": 2, "stamps": 2, "probe": 1}.get(s.name, 0)
     if len(plain) < need:
         usage = {"tests": "tests PATHS", "sanitize": "sanitize PATHS", "bench": "bench GRID PATHS [OPT ...]",
-                 "profile": "profile PATH SHAPE", "stamps": "stamps PATH SHAPE ... [from=DIR]"}[s.name]
+                 "profile": "profile PATH SHAPE", "stamps": "stamps PATH SHAPE ... [from=DIR]",
+                 "probe": "probe NAME [ARG ...]"}[s.name]
         raise UsageError(f"step {s.name}: want `{usage}`, got {s.args}")
+    if s.name == "probe" and not (re.fullmatch(r"[A-Za-z0-9_]+", plain[0]) and probe_source(plain[0]).is_file()):
+        have = sorted(p.stem for p in (ROOT / "bench" / "diag").glob("*.cu"))
+        raise UsageError(f"step probe: no bench/diag/{plain[0]}.cu (the probes: {', '.join(have)})")
     if s.name in ("tests", "sanitize", "bench"):
         parse_paths(plain[1] if s.name == "bench" else plain[0])
     if s.name in ("tests", "sanitize") and len(plain) > 1:
@@ -257,7 +266,19 @@ def result_file(s: Step, steps: list) -> Optional[str]:
     if s.name in ("modes", "ab", "ragged"):
         same = [t for t in steps if t.name == s.name]
         return s.name + (f"-{same.index(s) + 1}" if len(same) > 1 else "") + ".json"
+    if s.name == "probe" and probe_takes_json(s.plain()[0]):
+        same = [t for t in steps if t.name == "probe" and t.plain()[0] == s.plain()[0]]
+        return f"probe-{s.plain()[0]}" + (f"-{same.index(s) + 1}" if len(same) > 1 else "") + ".json"
     return None
+
+
+def probe_source(name: str) -> Path:
+    return ROOT / "bench" / "diag" / f"{name}.cu"
+
+
+def probe_takes_json(name: str) -> bool:
+    """Whether the probe's command line takes `--json PATH` (its source parses the flag)."""
+    return '"--json"' in probe_source(name).read_text()
 
 
 # ------------------------------------------------------------------------------------------
@@ -475,6 +496,19 @@ def commands_profile(s: Step, ctx: Context) -> list:
     ]
 
 
+def commands_probe(s: Step, ctx: Context, out_name: Optional[str]) -> list:
+    name, args = s.plain()[0], s.plain()[1:]
+    arch = ctx.capability().replace(".", "") + "a"  # the probes use setmaxnreg, wgmma, clusters: the `a` targets
+    binary = str(ctx.work / f"probe_{name}")
+    run = [binary, *args] + (["--json", str(ctx.out / out_name)] if out_name else [])
+    return [Command(f"build bench/diag/{name}.cu for sm_{arch}",
+                    ["nvcc", "-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas", "-v",
+                     str(probe_source(name)), "-o", binary], f"probe-{s.index + 1}-{name}-build.log", share=0.4,
+                    floor_s=PROBE_FLOOR_S, echo=r"error|warning|[1-9]\d* bytes spill"),
+            Command(f"{name} {' '.join(args)}".rstrip(), run, f"probe-{s.index + 1}-{name}.log", share=0.6,
+                    floor_s=PROBE_FLOOR_S, echo=r".", echo_last=60)]
+
+
 def _build_in(checkout: Path, lib: Path, label: str, log: str, share: float, *flags: str) -> Command:
     """The kernel library of another checkout (its own sources and Python package first on the path)
     built into `lib` (ab's variants, the stamps step's --profiler library)."""
@@ -560,8 +594,9 @@ def ab_summary(work: Path, names: list, paths: list, out: Path) -> str:
 def step_commands(s: Step, steps: list, ctx: Context, budget: float) -> list:
     if s.name == "bench":
         cmds = commands_bench(s, ctx, budget, result_file(s, steps))
-    elif s.name in ("modes", "ab", "ragged"):
-        cmds = {"modes": commands_modes, "ab": commands_ab, "ragged": commands_ragged}[s.name](s, ctx, result_file(s, steps))
+    elif s.name in ("modes", "ab", "ragged", "probe"):
+        cmds = {"modes": commands_modes, "ab": commands_ab, "ragged": commands_ragged,
+                "probe": commands_probe}[s.name](s, ctx, result_file(s, steps))
     else:
         cmds = {"setup": commands_setup, "tests": commands_tests, "sanitize": commands_sanitize,
                 "profile": commands_profile, "stamps": commands_stamps}[s.name](s, ctx)

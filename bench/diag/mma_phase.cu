@@ -47,6 +47,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -393,7 +394,13 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&sink, sizeof(float) * sms * kThreads));
   CHECK(cudaMalloc(&spans, sizeof(long long) * sms * kWarps * 2));
   std::vector<long long> h(static_cast<size_t>(sms) * kWarps * 2);
-  std::string json = "{\"device\": \"" + std::string(prop.name) + "\", \"sms\": " + std::to_string(sms) +
+  // Provenance: bench/device/run.py exports the checkout's commit; the date is the run's (UTC).
+  const char* commit = getenv("KDTREE_COMMIT");
+  char date[32];
+  const time_t now = time(nullptr);
+  strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+  std::string json = "{\"date\": \"" + std::string(date) + "\", \"commit\": \"" + std::string(commit ? commit : "unknown") +
+                     "\", \"device\": \"" + std::string(prop.name) + "\", \"sms\": " + std::to_string(sms) +
                      ", \"tiles\": " + std::to_string(tiles) + ", \"pipe_factor\": " + std::to_string(KDTREE_PIPE_FACTOR) +
                      ", \"rows\": [";
   printf("%s, %d SMs, %d tiles a CTA, pipe factor %d; cycles a CTA tile (median over CTAs); HMMA/cycle a scheduler over the QK span;\n"
