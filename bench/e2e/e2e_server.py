@@ -897,6 +897,16 @@ class Run:
             phase["log"] = os.path.relpath(srv.log_path, self.out)
             self.record(phase)
 
+    @staticmethod
+    def start_server(srv: "Server", phase: dict) -> None:
+        """Start the launcher, wait for its READY and for SGLang's "fired up" line (its warm-up done); the
+        phase records both."""
+        srv.start()
+        ready = srv.wait_ready()
+        phase["start"] = ready["info"]
+        phase["checks"] += ready["checks"]
+        phase["fired_up"] = srv.wait_fired_up()
+
     def one_server_phase(self, suite: str, spec_text: str, kind: str, spec: L.Spec, graph_bs: Sequence[int],
                          eager_bs: int, cost: float, hard_compare: bool, require_eager: bool) -> None:
         mode, kernel = L.parse_mode(spec_text)
@@ -915,11 +925,7 @@ class Run:
                                                        "qk_rope_head_dim", "n_routed_experts")},
                        "spec": vars(spec), "graph_bs": list(graph_bs), "eager_bs": eager_bs, "checks": []}
         with self.phase_guard(srv, phase):
-            srv.start()
-            ready = srv.wait_ready()
-            phase["start"] = ready["info"]
-            phase["checks"] += ready["checks"]
-            phase["fired_up"] = srv.wait_fired_up()
+            self.start_server(srv, phase)
             m = self.measured(srv, mode, layers,
                               lambda s: self.serve_traffic(s, self.args.max_new_tokens, eager_bs, max(graph_bs)),
                               require_eager=require_eager, require_graph=True)
@@ -1095,11 +1101,7 @@ class Run:
                                                            "n_routed_experts", "moe_intermediate_size")},
                            "spec": vars(spec), "graph_bs": graph_bs, "checks": [], "cases": []}
             with self.phase_guard(srv, phase):
-                srv.start()
-                ready = srv.wait_ready()
-                phase["start"] = ready["info"]
-                phase["checks"] += ready["checks"]
-                phase["fired_up"] = srv.wait_fired_up()
+                self.start_server(srv, phase)
 
                 eager_bs = max(graph_bs) + 1
 
