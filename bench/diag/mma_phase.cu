@@ -211,6 +211,8 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay
 // (its stage, j % 3), runs its mma, spins, waits for PV(j - 2) (its P buffer, j & 1) and arrives on
 // P full(j); PV tile i waits for P full(i) and arrives on done(i % 3).
 constexpr int kPairQkWarps = 8, kPairPvWarps = 4, kPairSteps = 18, kPairStages = 3;
+constexpr int kPairSetWarps = kPairQkWarps / 2;  // two QK sets, by tile parity
+static_assert(kPairSetWarps == 4, "pair_kernel splits a QK warp index into set (w >> 2) and warp (w & 3)");
 constexpr int kPairP = kPairStages * WsConfig::kTileBytes;
 constexpr int kPairDone = kPairP + 2 * kPBytes;
 constexpr int kPairBars = (kPairDone + 8 + 7) / 8 * 8;  // P full[2] (4 QK arrivals), done[3] (4 PV arrivals)
@@ -229,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
   fill_random(kPairDone);  // the three stages and the two P buffers
   if (thread_index_volatile() == 0) {
     *reinterpret_cast<uint32_t*>(g_smem + kPairDone) = 0u;
-    for (int s = 0; s < 2; ++s) mbar_init(base + kPairBars + 8 * s, 4);  // P full of set s
+    for (int s = 0; s < 2; ++s) mbar_init(base + kPairBars + 8 * s, kPairSetWarps);  // P full of set s
     for (int r = 0; r < 3; ++r) mbar_init(base + kPairBars + 16 + 8 * r, kPairPvWarps);  // PV(i) done, i % 3 == r
   }
   __syncthreads();
@@ -260,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kPairQkRegs));
     if (kMode == kPv) return;
     const int lane = thread_index_volatile() & 31, w = thread_index_volatile() >> 5;
-    const int set = w >> 2, g = w & 3;
+    const int set = w >> 2, g = w & 3;  // kPairSetWarps = 4 warps a set
     uint32_t q[kPairSteps][4];
     kdtree::ws::load_q_nope<kPairSteps>(base, g, lane, q);
     const uint32_t lo_qk = kdtree::ws::qk_lane_k(lane);
@@ -318,7 +320,7 @@ struct Roles {
   int qk_warps, qk_per_tile, pv_per_tile, qk_hmma, pv_hmma, work;
 };
 constexpr Roles kKernelRoles{WsConfig::kQkWarps, WsConfig::kQkWarps, WsConfig::kPvWarps, 144, 64, 1};
-constexpr Roles kPairRoles{kPairQkWarps, 4, kPairPvWarps, 4 * kPairSteps, 64, 2};
+constexpr Roles kPairRoles{kPairQkWarps, kPairSetWarps, kPairPvWarps, 4 * kPairSteps, 64, 2};
 
 struct Row {
   double qk, pv, ratio, rate;  // cycles a CTA tile (QK, PV), PV tiles a QK tile, HMMA a cycle a scheduler
