@@ -543,6 +543,40 @@ def test_device_probe_compiles_for_sm90a(tmp_path, probe):
     assert spills and not any(spills), r.stderr[-3000:]
 
 
+def test_mma_phase_both_mode_rereads_the_done_count(tmp_path):
+    """In the `both` mode the PV warps loop until the QK warps' done count (an ATOMS by each QK warp)
+    reaches its end; no barrier is in that loop, so a load ptxas may treat as invariant is read once
+    and the loop never ends (pair_kernel<kBoth> hung on the GPU in session 43 with a plain
+    `ld.shared`). In the SASS of every both-mode kernel, a plain LDS of the ATOMS's address must sit
+    inside the loop that issues the PV warps' HMMA."""
+    from kdtree_backend.kernel.build import find_cuobjdump, find_nvcc
+
+    nvcc, cuobjdump = find_nvcc(), find_cuobjdump()
+    if nvcc is None or cuobjdump is None:
+        pytest.skip("nvcc or cuobjdump not found (the kernel build tests skip too)")
+    cubin = tmp_path / "mma_phase.cubin"
+    r = subprocess.run([nvcc, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-o", str(cubin),
+                        str(ROOT / "bench" / "diag" / "mma_phase.cu")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, timeout=120, check=True).stdout
+    checked = []
+    for body in re.split(r"\n\s+Function : ", sass)[1:]:
+        name = body.split("\n", 1)[0].strip()
+        ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", body)]
+        atoms = [re.search(r"\+(0x[0-9a-f]+)\]", t) for _, t in ins if t.startswith("ATOMS")]
+        if not atoms:
+            continue  # not a both-mode kernel: no done count
+        done = atoms[0].group(1)
+        loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"\bBRA (0x[0-9a-f]+)$", t))
+                 and int(m.group(1), 16) < a]
+        pv_loops = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and t.startswith("HMMA") for a, t in ins)]
+        rereads = [a for a, t in ins if re.match(r"LDS(\.\S+)? R\d+, \[R\d+(\+URZ)?\+" + done + r"\]$", t)
+                   and any(lo <= a <= hi for lo, hi in pv_loops)]
+        assert rereads, f"{name}: no LDS of the done count ({done}) inside an HMMA loop"
+        checked.append(name)
+    assert len(checked) == 5, checked  # phase_kernel<kBoth> at four distances, pair_kernel<kBoth>
+
+
 def test_p14_register_probe_shows_the_role_budgets(tmp_path):
     """Journal p14's numbers, from ptxas: with setmaxnreg the PV role needs more than 152 registers
     (spills there) and the QK role fits 192 with the PV role at 160 (one SM's 65,536 at 384 threads;

@@ -54,7 +54,6 @@
 namespace {
 
 using kdtree::g_smem;
-using kdtree::ld_shared_s32;
 using kdtree::mbar_arrive;
 using kdtree::mbar_init;
 using kdtree::mbar_wait;
@@ -75,6 +74,16 @@ constexpr int kDone = WsLayout::kBytes;
 constexpr int kBars = (kDone + 8 + 7) / 8 * 8;
 constexpr int kSmemBytes = kBars + 4 * 8;
 static_assert(kSmemBytes <= 227 * 1024, "fits the H200's shared memory");
+
+// The QK warps' done count, read afresh on every iteration of the `both` mode's PV loop. A plain
+// `ld.shared`, even from `asm volatile`, is an ordinary load to ptxas: with no barrier in the loop it
+// may read it once before the loop, and did in pair_kernel<kBoth> (the PV warps never saw the count
+// and the probe hung, session 43). `ld.volatile` is re-issued every time.
+__device__ __forceinline__ int ld_volatile_shared_s32(uint32_t addr) {
+  int v;
+  asm volatile("ld.volatile.shared.s32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
 
 // Spins `cycles` SM cycles: what a role's chain does between its mma phases (the softmax and the
 // P hand-off; in pair mode also the partial-score exchange), without the pipe's or shared memory's time.
@@ -152,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay
     int i = 0;
     const long long t0 = clock64();
     for (;; i += 2) {
-      if (kMode == kBoth ? ld_shared_s32(base + kDone) == WsConfig::kQkWarps : i == tiles) break;
+      if (kMode == kBoth ? ld_volatile_shared_s32(base + kDone) == WsConfig::kQkWarps : i == tiles) break;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (kMode == kCoupled) mbar_wait(base + kBars + 8 * h, (i >> 1) & 1);  // P(i + h) "full"
@@ -247,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
     int i = 0;
     const long long t0 = clock64();
     for (;; ++i) {
-      if (kMode == kBoth ? ld_shared_s32(base + kPairDone) == kPairQkWarps : i == tiles) break;
+      if (kMode == kBoth ? ld_volatile_shared_s32(base + kPairDone) == kPairQkWarps : i == tiles) break;
       const int r = i % kPairStages;
       if (kMode == kCoupled) mbar_wait(base + kPairBars + 8 * (i & 1), (i >> 1) & 1);  // P(i) full
       kdtree::ws::pv_tile_mma(o, pv_p + (i & 1) * kPBytes, base + r * WsConfig::kTileBytes, lo_pv);
@@ -328,15 +337,18 @@ struct Row {
 
 // Warm-up launch, timed launch, medians over CTAs. The rate counts the pipe's real work: each mma
 // is KDTREE_PIPE_FACTOR mma in a --pipe-factor build.
-Row measure(void (*kernel)(int, int, float*, long long*), int smem, int mode, const Roles& roles, int sms, int tiles,
-            int delay, float* sink, long long* spans, std::vector<long long>& h) {
+Row measure(const char* label, void (*kernel)(int, int, float*, long long*), int smem, int mode, const Roles& roles,
+            int sms, int tiles, int delay, float* sink, long long* spans, std::vector<long long>& h) {
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   CHECK(cudaMemset(spans, 0, sizeof(long long) * h.size()));
   kernel<<<sms, kThreads, smem>>>(tiles, delay, sink, spans);
   CHECK(cudaGetLastError());
   kernel<<<sms, kThreads, smem>>>(tiles, delay, sink, spans);
   CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
+  // A tile takes a few thousand cycles: 4,000 tiles are ~10 ms a launch. 30 s means a hang.
+  char what[160];
+  snprintf(what, sizeof(what), "%s, mode %s, delay %d", label, kModeNames[mode], delay);
+  FINISH_OR_EXIT(what, 30.0);
   CHECK(cudaMemcpy(h.data(), spans, sizeof(long long) * h.size(), cudaMemcpyDeviceToHost));
   std::vector<double> qk, pv, ratio, rate;
   for (int b = 0; b < sms; ++b) {
@@ -364,6 +376,7 @@ Row measure(void (*kernel)(int, int, float*, long long*), int smem, int mode, co
 }  // namespace
 
 int main(int argc, char** argv) {
+  setvbuf(stdout, nullptr, _IOLBF, 0);  // rows reach the log as they are measured (the driver writes it to a file)
   int tiles = 4000;
   const char* json_path = nullptr;
   for (int a = 1; a < argc; ++a) {
@@ -429,19 +442,20 @@ int main(int argc, char** argv) {
   for (const Variant& v : variants)
     for (int m = 0; m < 4; ++m)
       report("kernel", v.name, v.ahead, v.pin, m, 0,  kKernelRoles,
-             measure(v.kernels[m], kSmemBytes, m, kKernelRoles, sms, tiles, 0, sink, spans, h));
+             measure(v.name, v.kernels[m], kSmemBytes, m, kKernelRoles, sms, tiles, 0, sink, spans, h));
   // m39b: the kernel's mix coupled with its softmax and hand-off's time on the QK chain (~400, m27b),
   // and the pair's mix: alone, free-running, and coupled with nothing, the softmax only, and the
   // exchange and softmax (~1,500, m38) on each QK set's chain.
   report("kernel", variants[0].name, 2, 3, kCoupled, 400, kKernelRoles,
-         measure(variants[0].kernels[kCoupled], kSmemBytes, kCoupled, kKernelRoles, sms, tiles, 400, sink, spans, h));
+         measure(variants[0].name, variants[0].kernels[kCoupled], kSmemBytes, kCoupled, kKernelRoles, sms, tiles, 400, sink,
+                 spans, h));
   void (*const pair[4])(int, int, float*, long long*) = {pair_kernel<kQk>, pair_kernel<kPv>, pair_kernel<kBoth>,
                                                          pair_kernel<kCoupled>};
   for (int m = 0; m < 4; ++m)
     for (int delay : {0, 400, 1500}) {
       if (m != kCoupled && delay != 0) continue;
       report("pair", "pair (18 k-steps, 3 stages)", 2, 3, m, delay, kPairRoles,
-             measure(pair[m], kPairSmemBytes, m, kPairRoles, sms, tiles, delay, sink, spans, h));
+             measure("pair", pair[m], kPairSmemBytes, m, kPairRoles, sms, tiles, delay, sink, spans, h));
     }
   json += "]}\n";
   if (json_path != nullptr) {
