@@ -560,18 +560,17 @@ def test_mma_phase_both_mode_rereads_the_done_count(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     sass = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, timeout=120, check=True).stdout
     checked = []
-    for body in re.split(r"\n\s+Function : ", sass)[1:]:
-        name = body.split("\n", 1)[0].strip()
-        ins = [(int(a, 16), t.strip()) for a, t in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", body)]
-        atoms = [re.search(r"\+(0x[0-9a-f]+)\]", t) for _, t in ins if t.startswith("ATOMS")]
+    # sm_90 instructions are 16 bytes each from address 0, so a branch target's index is its address / 16.
+    for _, name, ins in _load("tools/sass_schedule.py", "_kdtree_sass_schedule").parse_functions(sass):
+        atoms = [re.search(r"\+(0x[0-9a-f]+)\]", t) for t in ins if t.startswith("ATOMS")]
         if not atoms:
             continue  # not a both-mode kernel: no done count
         done = atoms[0].group(1)
-        loops = [(int(m.group(1), 16), a) for a, t in ins if (m := re.search(r"\bBRA (0x[0-9a-f]+)$", t))
-                 and int(m.group(1), 16) < a]
-        pv_loops = [(lo, hi) for lo, hi in loops if any(lo <= a <= hi and t.startswith("HMMA") for a, t in ins)]
-        rereads = [a for a, t in ins if re.match(r"LDS(\.\S+)? R\d+, \[R\d+(\+URZ)?\+" + done + r"\]$", t)
-                   and any(lo <= a <= hi for lo, hi in pv_loops)]
+        loops = [(int(m.group(1), 16) // 16, i) for i, t in enumerate(ins) if (m := re.search(r"\bBRA (0x[0-9a-f]+)$", t))
+                 and int(m.group(1), 16) // 16 < i]
+        pv_loops = [(lo, hi) for lo, hi in loops if any(t.startswith("HMMA") for t in ins[lo:hi + 1])]
+        rereads = [i for i, t in enumerate(ins) if re.match(r"LDS(\.\S+)? R\d+, \[R\d+(\+URZ)?\+" + done + r"\]$", t)
+                   and any(lo <= i <= hi for lo, hi in pv_loops)]
         assert rereads, f"{name}: no LDS of the done count ({done}) inside an HMMA loop"
         checked.append(name)
     assert len(checked) == 5, checked  # phase_kernel<kBoth> at four distances, pair_kernel<kBoth>
