@@ -192,6 +192,7 @@ def _startup(state: _State) -> None:
         code=_device_code(),
         sglang_version=sglang_version,
         pid=os.getpid(),
+        step_schedule=state.step_schedule,
         sample_rate=state.settings.sample_rate,
         atol=state.settings.atol,
         rtol=state.settings.rtol,
