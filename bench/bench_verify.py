@@ -553,6 +553,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-replays", type=int, default=200)
     ap.add_argument("--min-replays", type=int, default=5)
     ap.add_argument("--max-sets", type=int, default=48, help="largest number of rotated input sets per graph")
+    ap.add_argument("--sets", type=int, default=None,
+                    help="exactly this many input sets (calls) per graph, e.g. 61 to time one step of a 61-layer model "
+                         "with --step-schedule (default: enough to defeat L2, at most --max-sets)")
     ap.add_argument("--time-limit", type=float, default=270.0, help="stop starting new shapes after this many seconds (default 270)")
     ap.add_argument("--commit", default=None, help="commit id to record (default: git, else $KDTREE_COMMIT)")
     ap.add_argument("--seed", type=int, default=0)
@@ -567,6 +570,8 @@ def parse_args(argv=None):
     a = ap.parse_args(argv)
     if a.quick:
         a.grid = "quick"
+    if a.sets is not None and a.sets < 1:
+        ap.error(f"--sets: {a.sets} < 1")
     try:
         build_grid(a.grid)
     except ValueError as e:
@@ -947,7 +952,7 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
     row = {"shape": s._asdict(), "grids": grids_of(s), "times_us": {}, "timing": {}, "check": {}, "errors": {}}
     set_bytes = shape_bytes(s)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or (60 << 20)
-    k_sets = int(max(1, min(args.max_sets, math.ceil(4 * l2 / set_bytes))))
+    k_sets = int(max(1, min(args.max_sets, math.ceil(4 * l2 / set_bytes)))) if args.sets is None else args.sets
     row["input_sets"] = k_sets
     batches = input_sets(torch, [s.L] * s.B, s.H, s.n, k_sets, args.seed * 1000003 + hash(s) % 100003,
                          **slot_layout_kwargs(args.slots))
