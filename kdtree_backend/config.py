@@ -87,21 +87,21 @@ def read_kernel_choice(environ: Optional[Mapping[str, str]] = None) -> str:
 
 HOPPER_CAPABILITY = (9, 0)
 
-# on (default): the plugin marks each forward's steps (kdtree_verify_begin_step) and the Hopper
-# kernel shares one batch schedule across the verify calls of a step (journal m42); off: every call
-# scans the batch's index arrays, as before m42. The rollback without a rebuild.
+# on: the plugin marks each forward's steps (kdtree_verify_begin_step) and the Hopper kernel shares
+# one batch schedule across the verify calls of a step (journal m42); off (the default until a
+# served step of 61 layers is timed with it, m42): every call scans the batch's index arrays.
 ENV_STEP_SCHEDULE = "KDTREE_STEP_SCHEDULE"
 STEP_SCHEDULE_CHOICES = ("on", "off")
 
 
 def read_step_schedule(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """`KDTREE_STEP_SCHEDULE` (default on); raises `KdtreeModeError` naming the variable on a bad value."""
+    """`KDTREE_STEP_SCHEDULE` (default off); raises `KdtreeModeError` naming the variable on a bad value."""
     raw = _env(environ).get(ENV_STEP_SCHEDULE)
     if raw is None or raw.strip() == "":
-        return True
+        return False
     value = raw.strip().lower()
     if value not in STEP_SCHEDULE_CHOICES:
-        raise KdtreeModeError(ENV_STEP_SCHEDULE, raw, "on, off (or unset = on)")
+        raise KdtreeModeError(ENV_STEP_SCHEDULE, raw, "on, off (or unset = off)")
     return value == "on"
 
 
@@ -210,7 +210,7 @@ class Settings:
     validate: ValidateSettings
     kernel: str
     allow_unsupported_sglang: bool
-    step_schedule: bool = True
+    step_schedule: bool = False
 
 
 def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:

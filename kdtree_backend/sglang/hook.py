@@ -214,7 +214,7 @@ def get_state() -> _State:
     return st
 
 
-def reset_for_tests(mode=None, settings: Optional[shadow.Settings] = None, step_schedule: bool = True) -> None:
+def reset_for_tests(mode=None, settings: Optional[shadow.Settings] = None, step_schedule: bool = False) -> None:
     """Forget the process state; with `mode`, install it directly (no env read)."""
     global _state
     with _state_lock:

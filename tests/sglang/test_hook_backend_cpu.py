@@ -584,7 +584,8 @@ def test_step_schedule_setting_is_checked():
     from kdtree_backend.config import ENV_STEP_SCHEDULE, read_settings, read_step_schedule
     from kdtree_backend.errors import KdtreeModeError
 
-    assert read_step_schedule({}) is True and read_step_schedule({ENV_STEP_SCHEDULE: " OFF "}) is False
+    assert read_step_schedule({}) is False and read_step_schedule({ENV_STEP_SCHEDULE: " ON "}) is True
+    assert read_step_schedule({ENV_STEP_SCHEDULE: "off"}) is False
     with pytest.raises(KdtreeModeError) as info:
         read_settings({ENV_STEP_SCHEDULE: "no"})
     assert ENV_STEP_SCHEDULE in str(info.value) and "on, off" in str(info.value)
