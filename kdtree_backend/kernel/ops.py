@@ -98,9 +98,16 @@ def library_info() -> dict:
     }
 
 
+def _device_index(device: torch.device | int | None) -> int:
+    """The CUDA device index of `device` (an int, a torch.device, or None: the current device)."""
+    if isinstance(device, int):
+        return device
+    return device.index if device is not None and device.index is not None else torch.cuda.current_device()
+
+
 def probe_device(device: torch.device | int) -> str:
     """Check once per device that the library has a kernel image for it; returns the report."""
-    index = device if isinstance(device, int) else (device.index if device.index is not None else torch.cuda.current_device())
+    index = _device_index(device)
     lib = _cdll()
     buf = ctypes.create_string_buffer(1024)
     rc = lib.kdtree_probe_device(index, buf, len(buf))
@@ -219,10 +226,7 @@ def begin_step(device: torch.device | int | None = None) -> bool:
             f"the kernel library {lib.path} has no step schedule (kdtree_verify_begin_step; built before it)",
             f"rebuild it with `python -m kdtree_backend.build`, or set KDTREE_STEP_SCHEDULE=off; {_OFF_FIX}",
         )
-    if device is None:
-        index = torch.cuda.current_device()
-    else:
-        index = device if isinstance(device, int) else (device.index if device.index is not None else torch.cuda.current_device())
+    index = _device_index(device)
     config = _kernel_config(lib.cdll, index)
     if config != abi.CONFIG_HOPPER:
         return False
@@ -332,7 +336,7 @@ def verify_attention(
         return out
 
     lib = _cdll()
-    if step_schedule and not hasattr(lib, "kdtree_verify_begin_step"):
+    if step_schedule and not step_schedule_available():
         raise KdtreeLibraryError(
             "verify_attention: step_schedule=True, but the kernel library has no step schedule (built before it)",
             f"rebuild it with `python -m kdtree_backend.build`, or call without step_schedule; {_OFF_FIX}",
