@@ -554,14 +554,11 @@ def parse_args(argv=None):
     ap.add_argument("--min-replays", type=int, default=5)
     ap.add_argument("--max-sets", type=int, default=48, help="largest number of rotated input sets per graph")
     ap.add_argument("--sets", type=int, default=None,
-                    help="exactly this many input sets (calls) per graph, e.g. 61 to time one step of a 61-layer model "
-                         "with --step-schedule (default: enough to defeat L2, at most --max-sets)")
+                    help="exactly this many input sets (calls) per graph, e.g. 61 for the calls of one step of a "
+                         "61-layer model (default: enough to defeat L2, at most --max-sets)")
     ap.add_argument("--time-limit", type=float, default=270.0, help="stop starting new shapes after this many seconds (default 270)")
     ap.add_argument("--commit", default=None, help="commit id to record (default: git, else $KDTREE_COMMIT)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--step-schedule", action="store_true",
-                    help="our calls as the plugin makes them (journal m42): each replay marks a step, then its K "
-                         "calls share one set of index arrays with step_schedule=True")
     ap.add_argument("--slots", choices=SLOT_ORDERS, default="random",
                     help="prefix slot order in SGLang's page-size-1 cache: random (default, a fragmented pool), "
                          "contiguous (each request's rows in consecutive slots, DRAM-friendly; also what "
@@ -763,11 +760,10 @@ def measure_mma_sync_peak(torch, min_ms=50.0, repeats=5) -> dict:
 _CAPTURE_STREAM = None
 
 
-def _graph_time(torch, calls, args, k=None):
+def _graph_time(torch, calls, args):
     """Eager warm-up (compiles, allocates workspaces) on the capture stream, capture the K calls
-    once, then time replays: median replay time / K, in microseconds (k: K when `calls` holds more
-    than the K timed calls, e.g. a step mark). One capture stream for the whole run, as in SGLang (the
-    op caches its workspace per stream)."""
+    once, then time replays: median replay time / K, in microseconds. One capture stream for the
+    whole run, as in SGLang (the op caches its workspace per stream)."""
     global _CAPTURE_STREAM
     if _CAPTURE_STREAM is None:
         _CAPTURE_STREAM = torch.cuda.Stream()
@@ -787,7 +783,7 @@ def _graph_time(torch, calls, args, k=None):
     probe = statistics.median(_event_times_ms(torch, g.replay, 2))
     reps = int(max(args.min_replays, min(args.max_replays, args.budget_ms / max(probe, 1e-3))))
     ts = _event_times_ms(torch, g.replay, reps)
-    k = len(calls) if k is None else k
+    k = len(calls)
     ts_sorted = sorted(ts)
     del g
     return {
@@ -923,26 +919,9 @@ def flashmla_calls(torch, fm, batches, inputs, H: int, n: int) -> tuple:
     return [(lambda i=i: fcall(i)) for i in range(len(batches))], outs
 
 
-def ours_calls(va, batches, outs, step_schedule=None) -> list:
-    """One call of our op a rotated input set, each writing its own output (the graph replays them).
-
-    step_schedule (--step-schedule, journal m42): a callable marking a step (ops.begin_step), captured
-    first, so each replay is one step of K calls reading one set of index arrays (the input sets have
-    equal lengths; SGLang's layers share the step's metadata buffers) with step_schedule=True: the
-    first call computes the batch schedule, the other K - 1 take it."""
-    if step_schedule is None:
-        return [(lambda b=b, o=o: va(*b.args(), **b.kwargs(), out=o)) for b, o in zip(batches, outs)]
-    import dataclasses
-    import torch
-
-    b0 = batches[0]
-    views = []
-    for b in batches:
-        if not (torch.equal(b.qo_indptr, b0.qo_indptr) and torch.equal(b.kv_indptr, b0.kv_indptr)):
-            raise ValueError("--step-schedule needs input sets of equal lengths (no --shapes prefixes lists)")
-        views.append(dataclasses.replace(b, qo_indptr=b0.qo_indptr, kv_indptr=b0.kv_indptr))
-    return [step_schedule] + [(lambda b=b, o=o: va(*b.args(), **b.kwargs(), out=o, step_schedule=True))
-                              for b, o in zip(views, outs)]
+def ours_calls(va, batches, outs) -> list:
+    """One call of our op a rotated input set, each writing its own output (the graph replays them)."""
+    return [(lambda b=b, o=o: va(*b.args(), **b.kwargs(), out=o)) for b, o in zip(batches, outs)]
 
 
 def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
@@ -974,12 +953,12 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
         if ref is not None:
             row["check"][name] = relative_error(o[: s.n], ref)
 
-    def record(name, calls, check_out, ref, k=None):
+    def record(name, calls, check_out, ref):
         if (name, s.H, s.n) in failed:
             row["errors"][name] = f"skipped: failed earlier at H={s.H} n={s.n}: {failed[(name, s.H, s.n)]}"
             return
         try:
-            res = _graph_time(torch, calls, args, k)
+            res = _graph_time(torch, calls, args)
             row["times_us"][name] = res["us"]
             row["timing"][name] = res
             if check_out is not None:
@@ -999,8 +978,7 @@ def run_shape(torch, s: Shape, impls, args, ceil, mods, paths=("ours",)):
                 row["errors"][p] = mods.get("ours_error", "kdtree_backend.kernel.ops unavailable")
                 continue
             with kernel_path(p):
-                mark = mods.get("begin_step") if args.step_schedule else None
-                record(p, ours_calls(va, batches, outs, mark), outs[0], ref_tree, k=len(batches))
+                record(p, ours_calls(va, batches, outs), outs[0], ref_tree)
     if "triton" in impls:
         if mods.get("triton_ok"):
             calls = [(lambda b=b, o=o: sglang_calls.call_sglang_triton(b, o)) for b, o in zip(batches, outs)]
@@ -1054,7 +1032,6 @@ def _load_impls(impls):
             if not ops.kernel_available():
                 ops.library_info()  # raises with the loader's message
             mods["ours"] = ops.verify_attention
-            mods["begin_step"] = ops.begin_step
         except Exception as e:  # noqa: BLE001
             mods["ours_error"] = f"{type(e).__name__}: {e}"
     if "triton" in impls:

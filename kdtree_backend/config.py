@@ -87,23 +87,6 @@ def read_kernel_choice(environ: Optional[Mapping[str, str]] = None) -> str:
 
 HOPPER_CAPABILITY = (9, 0)
 
-# on: the plugin marks each forward's steps (kdtree_verify_begin_step) and the Hopper kernel shares
-# one batch schedule across the verify calls of a step (journal m42); off (the default until a
-# served step of 61 layers is timed with it, m42): every call scans the batch's index arrays.
-ENV_STEP_SCHEDULE = "KDTREE_STEP_SCHEDULE"
-STEP_SCHEDULE_CHOICES = ("on", "off")
-
-
-def read_step_schedule(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """`KDTREE_STEP_SCHEDULE` (default off); raises `KdtreeModeError` naming the variable on a bad value."""
-    raw = _env(environ).get(ENV_STEP_SCHEDULE)
-    if raw is None or raw.strip() == "":
-        return False
-    value = raw.strip().lower()
-    if value not in STEP_SCHEDULE_CHOICES:
-        raise KdtreeModeError(ENV_STEP_SCHEDULE, raw, "on, off (or unset = off)")
-    return value == "on"
-
 
 def resolve_kernel(choice: str, capability: tuple, library_has_hopper: bool) -> str:
     """The kernel path `choice` selects on a GPU of `capability`; ValueError names the fix.
@@ -175,7 +158,6 @@ def read_validate_settings(environ: Optional[Mapping[str, str]] = None) -> Valid
 # the mode off): the launcher, the plugin's start-up line and the doctor warn about it.
 KNOWN_VARIABLES = (
     ENV_MODE, ENV_LIB, ENV_ALLOW_UNSUPPORTED_SGLANG, ENV_FAKE_GPU_CAPABILITY, ENV_TESTING, ENV_KERNEL,
-    ENV_STEP_SCHEDULE,
     ENV_VALIDATE_SAMPLE_RATE, ENV_VALIDATE_ATOL, ENV_VALIDATE_RTOL,
     # benchmark-only kernel tuning (kernel/ops.py)
     "KDTREE_NUM_SPLITS", "KDTREE_MIN_KEYS_PER_SPLIT",
@@ -210,7 +192,6 @@ class Settings:
     validate: ValidateSettings
     kernel: str
     allow_unsupported_sglang: bool
-    step_schedule: bool = False
 
 
 def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
@@ -227,5 +208,4 @@ def read_settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
         validate=read_validate_settings(environ),
         kernel=read_kernel_choice(environ),
         allow_unsupported_sglang=allow_unsupported_sglang(environ),
-        step_schedule=read_step_schedule(environ),
     )

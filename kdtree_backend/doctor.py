@@ -33,7 +33,6 @@ from kdtree_backend.config import (
     ENV_KERNEL,
     ENV_LIB,
     ENV_MODE,
-    ENV_STEP_SCHEDULE,
     SUPPORTED_SGLANG_VERSIONS,
     Mode,
     read_kernel_choice,
@@ -68,9 +67,7 @@ def diagnose(environ: Optional[Mapping[str, str]] = None) -> Tuple[List[Tuple[st
         try:
             settings = read_settings(env)
             v = settings.validate
-            step = "on" if settings.step_schedule else "off"
-            rows.append(("settings", f"{ENV_KERNEL}={settings.kernel}; {ENV_STEP_SCHEDULE}={step}; "
-                                     f"validate sample rate {v.sample_rate}, "
+            rows.append(("settings", f"{ENV_KERNEL}={settings.kernel}; validate sample rate {v.sample_rate}, "
                                      f"atol {v.atol}, rtol {v.rtol}"))
         except KdtreeConfigError as err:
             rows.append(("settings", f"INVALID: {err}"))

@@ -147,8 +147,7 @@ def fake_libs(tmp_path_factory) -> FakeLibs:
     _gcc(src, libs.missing_symbol, f"-DFAKE_ABI_VERSION={v}", "-DOMIT_VERIFY_RUN")
     _gcc(src, libs.wrong_abi, f"-DFAKE_ABI_VERSION={v + 1}")
     _gcc(src, libs.sm120_only, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="120"')
-    _gcc(src, libs.with_ptx, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,100,120"', "-DFAKE_PTX_ARCH=120",
-         "-DFAKE_STEP_SCHEDULE")
+    _gcc(src, libs.with_ptx, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,100,120"', "-DFAKE_PTX_ARCH=120")
     _gcc(src, libs.diagnostics, f"-DFAKE_ABI_VERSION={v}", '-DFAKE_ARCHS="90,120"',
          '-DFAKE_VERSION="0.1.0+src.fake+pipe3"')
     libs.not_elf.write_text("this is a text file, not a shared library\n")

@@ -76,13 +76,8 @@ class VerifyParams(ctypes.Structure):
         ("sm_scale", ctypes.c_float),
         ("k_scale", ctypes.c_float),
         ("v_scale", ctypes.c_float),
-        ("flags", ctypes.c_int32),  # FLAG_* bits (was `float reserved`, always 0; added within ABI 2)
+        ("reserved", ctypes.c_float),
     ]
-
-
-# KdtreeVerifyParams.flags (kdtree_api.h): the caller marks its steps with kdtree_verify_begin_step and
-# keeps qo_indptr / kv_indptr unchanged between marks, so a batch launch may share its step's schedule.
-FLAG_STEP_SCHEDULE = 1
 
 
 class VerifyPlan(ctypes.Structure):
@@ -129,10 +124,6 @@ def declare_signatures(cdll: ctypes.CDLL) -> None:
     ]
     cdll.kdtree_verify_run.restype = ctypes.c_int
     cdll.kdtree_verify_run.argtypes = [ctypes.POINTER(VerifyParams), ctypes.c_void_p]
-    # Added within ABI 2 (journal m42): a library built before it has no step schedule.
-    if hasattr(cdll, "kdtree_verify_begin_step"):
-        cdll.kdtree_verify_begin_step.restype = ctypes.c_int
-        cdll.kdtree_verify_begin_step.argtypes = [ctypes.c_int, ctypes.c_void_p]
 
 
 def archs_text(built_archs, ptx_arch: int) -> str:

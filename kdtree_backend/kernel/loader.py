@@ -45,7 +45,6 @@ class KernelLibrary:
     built_archs: Tuple[int, ...]  # SASS compute capabilities, major*10+minor, e.g. (90, 100, 120)
     version: str
     ptx_arch: int = 0  # the portable kernels' embedded PTX (JIT-compiled on newer GPUs); 0: none
-    step_schedule: bool = False  # exports kdtree_verify_begin_step (the step schedule, journal m42)
 
     def archs_text(self) -> str:
         return abi.archs_text(self.built_archs, self.ptx_arch)
@@ -302,7 +301,7 @@ def load_library(
             path=p,
         )
     lib = KernelLibrary(cdll=cdll, path=p, abi_version=lib_abi, built_archs=archs, version=version,
-                        ptx_arch=ptx_arch, step_schedule=hasattr(cdll, "kdtree_verify_begin_step"))
+                        ptx_arch=ptx_arch)
 
     if check_devices:
         check_library_devices(lib, probe_gpus(environ).gpus)

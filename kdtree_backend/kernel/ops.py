@@ -28,8 +28,6 @@ __all__ = [
     "kernel_available",
     "library_info",
     "selected_kernel",
-    "begin_step",
-    "step_schedule_available",
 ]
 
 
@@ -98,16 +96,9 @@ def library_info() -> dict:
     }
 
 
-def _device_index(device: torch.device | int | None) -> int:
-    """The CUDA device index of `device` (an int, a torch.device, or None: the current device)."""
-    if isinstance(device, int):
-        return device
-    return device.index if device is not None and device.index is not None else torch.cuda.current_device()
-
-
 def probe_device(device: torch.device | int) -> str:
     """Check once per device that the library has a kernel image for it; returns the report."""
-    index = _device_index(device)
+    index = device if isinstance(device, int) else (device.index if device.index is not None else torch.cuda.current_device())
     lib = _cdll()
     buf = ctypes.create_string_buffer(1024)
     rc = lib.kdtree_probe_device(index, buf, len(buf))
@@ -204,43 +195,6 @@ def _kernel_config(lib, device_index: int) -> int:
     return config
 
 
-def step_schedule_available() -> bool:
-    """Whether the loaded library has the step schedule (kdtree_verify_begin_step, journal m42)."""
-    from kdtree_backend.kernel.loader import get_library  # noqa: PLC0415
-
-    return get_library().step_schedule
-
-
-def begin_step(device: torch.device | int | None = None) -> bool:
-    """Mark the start of a step on `device`'s current stream (stream-ordered, asynchronous,
-    capturable): verify_attention calls after it with `step_schedule=True` compute their batch
-    schedule once and share it until the next mark (journal m42). Call it whenever qo_indptr /
-    kv_indptr may have changed; SGLang's plugin calls it from the attention backend's metadata
-    methods. Returns whether the GPU's kernel path has a step schedule (the Hopper kernel's); False
-    changes nothing. KdtreeLibraryError when the library has none or refuses the mark."""
-    from kdtree_backend.kernel.loader import get_library  # noqa: PLC0415
-
-    lib = get_library()
-    if not lib.step_schedule:
-        raise KdtreeLibraryError(
-            f"the kernel library {lib.path} has no step schedule (kdtree_verify_begin_step; built before it)",
-            f"rebuild it with `python -m kdtree_backend.build`, or set KDTREE_STEP_SCHEDULE=off; {_OFF_FIX}",
-        )
-    index = _device_index(device)
-    config = _kernel_config(lib.cdll, index)
-    if config != abi.CONFIG_HOPPER:
-        return False
-    with torch.cuda.device(index):
-        stream = torch.cuda.current_stream(index)
-        rc = lib.cdll.kdtree_verify_begin_step(config, ctypes.c_void_p(stream.cuda_stream))
-    if rc != 0:
-        raise KdtreeLibraryError(
-            f"begin_step: the kernel library refused the step mark: {lib.cdll.kdtree_error_string(rc).decode(errors='replace')}",
-            f"set KDTREE_STEP_SCHEDULE=off to serve without it; {_OFF_FIX}",
-        )
-    return True
-
-
 def _get_plan(lib, device_index: int, stream_ptr: int, batch: int, heads: int, max_qo_len: int, config: int) -> _Plan:
     key = (device_index, stream_ptr, batch, heads, max_qo_len, config)
     plan = _plans.get(key)
@@ -286,14 +240,8 @@ def verify_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     out: torch.Tensor | None = None,
-    step_schedule: bool = False,
 ) -> torch.Tensor:
-    """MLA tree-verify attention (SGLang TARGET_VERIFY semantics). See docs/interfaces.md.
-
-    step_schedule: the caller marks its steps with `begin_step` and keeps qo_indptr / kv_indptr (their
-    contents at these addresses) unchanged between two marks; a batch call may then reuse the batch
-    schedule an earlier call of the same step computed (the Hopper kernel; journal m42). A call that
-    finds the arrays changed within a step fails its stream (a device trap) rather than return."""
+    """MLA tree-verify attention (SGLang TARGET_VERIFY semantics). See docs/interfaces.md."""
     _check(isinstance(q, torch.Tensor), lambda: f"q must be a torch.Tensor, got {type(q).__name__}")
     _check(q.dim() == 3 and q.shape[2] == abi.QK_HEAD_DIM,
            lambda: f"q must have shape [T, H, {abi.QK_HEAD_DIM}], got {list(q.shape)}")
@@ -331,16 +279,10 @@ def verify_attention(
         _check(t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1]),
                lambda: f"{name}'s rows must start on 16-byte boundaries (data_ptr {t.data_ptr():#x}, strides {t.stride()})")
     _check(out.data_ptr() % 8 == 0 and out.stride(0) % 4 == 0, "out's rows must start on 8-byte boundaries")
-    _check(isinstance(step_schedule, bool), lambda: f"step_schedule must be a bool, got {step_schedule!r}")
     if batch == 0 or T == 0:
         return out
 
     lib = _cdll()
-    if step_schedule and not step_schedule_available():
-        raise KdtreeLibraryError(
-            "verify_attention: step_schedule=True, but the kernel library has no step schedule (built before it)",
-            f"rebuild it with `python -m kdtree_backend.build`, or call without step_schedule; {_OFF_FIX}",
-        )
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _probed_devices:
         probe_device(index)
@@ -378,7 +320,6 @@ def verify_attention(
         p.sm_scale = float(sm_scale)
         p.k_scale = float(k_scale)
         p.v_scale = float(v_scale)
-        p.flags = abi.FLAG_STEP_SCHEDULE if step_schedule else 0
         rc = lib.kdtree_verify_run(ctypes.byref(p), ctypes.c_void_p(stream.cuda_stream))
     if rc != 0:
         raise KdtreeLibraryError(

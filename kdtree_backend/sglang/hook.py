@@ -64,60 +64,12 @@ def get_candidate() -> Callable:
     return _candidate if _candidate is not None else _default_candidate
 
 
-# --- step marks (journal m42) -------------------------------------------------------------------
-# The Hopper kernel shares one batch schedule across the verify calls of a step when the caller marks
-# its steps (ops.begin_step) and passes step_schedule=True. The backend's metadata methods run once a
-# step, outside any graph, after the step's qo_indptr / kv_indptr are written: their wrappers
-# (install_step_wrappers) make the mark there, on the forward's stream, so every kernel call of the
-# step (eager, or in a replayed graph) comes after it in stream order.
-_step_marker: Optional[Callable] = None
-
-
-def set_step_marker(fn: Optional[Callable]) -> None:
-    """Replace the step mark (`ops.begin_step`) for tests: with one set, backends mark their steps and
-    the shim passes step_schedule=True to the candidate. None restores the default."""
-    global _step_marker
-    _step_marker = fn
-
-
-def _default_step_marker() -> None:
-    from kdtree_backend.kernel import ops
-
-    ops.begin_step()
-
-
-def _step_marks_wanted(state: "_State") -> bool:
-    """Whether backends should mark their steps: KDTREE_STEP_SCHEDULE on, and either a test's marker or
-    the default kernel on a GPU whose path has a step schedule (the Hopper kernel)."""
-    if not state.step_schedule:
-        return False
-    if _step_marker is not None:
-        return True
-    if _candidate is not None or not torch.cuda.is_available():
-        return False
-    try:
-        from kdtree_backend.kernel import ops
-
-        return ops.step_schedule_available() and ops.selected_kernel() == "hopper"
-    except Exception:  # no library: the first kernel call raises the same error, loudly
-        return False
-
-
-def _mark_step() -> None:
-    (_step_marker or _default_step_marker)()
-
-
 # --- process state ----------------------------------------------------------------------------
 class _State:
-    def __init__(self, mode, settings: shadow.Settings, step_schedule: Optional[bool] = None):
+    def __init__(self, mode, settings: shadow.Settings):
         self.mode = mode
         self.mode_name = str(getattr(mode, "value", mode))
         self.settings = settings
-        if step_schedule is None:
-            from kdtree_backend.config import read_step_schedule
-
-            step_schedule = read_step_schedule()
-        self.step_schedule = step_schedule
         self.sampler = shadow.Sampler(settings.sample_rate)
         fallback_watch.enabled = self.mode_name == "on"
 
@@ -192,7 +144,6 @@ def _startup(state: _State) -> None:
         code=_device_code(),
         sglang_version=sglang_version,
         pid=os.getpid(),
-        step_schedule=state.step_schedule,
         sample_rate=state.settings.sample_rate,
         atol=state.settings.atol,
         rtol=state.settings.rtol,
@@ -214,13 +165,13 @@ def get_state() -> _State:
     return st
 
 
-def reset_for_tests(mode=None, settings: Optional[shadow.Settings] = None, step_schedule: bool = False) -> None:
+def reset_for_tests(mode=None, settings: Optional[shadow.Settings] = None) -> None:
     """Forget the process state; with `mode`, install it directly (no env read)."""
     global _state
     with _state_lock:
         _state = None
         if mode is not None:
-            _state = _State(mode, settings or shadow.Settings(), step_schedule)
+            _state = _State(mode, settings or shadow.Settings())
             _startup(_state)
 
 
@@ -278,16 +229,10 @@ class _KernelShim:
         res = get_candidate()(
             q, k, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
             sm_scale, max_qo_len=max_len_extend, k_scale=k_scale, v_scale=v_scale, out=out2d,
-            **self._step_kwargs(),
         )
         if res is not None and res is not out2d:
             out2d.copy_(res.reshape(out2d.shape))
         return None
-
-    def _step_kwargs(self) -> dict:
-        """step_schedule=True once this backend marks its steps (install_step_wrappers); nothing
-        otherwise, so a candidate without the argument (the CPU tests' reference) still fits."""
-        return {"step_schedule": True} if getattr(self.backend, "_kdtree_step_marks", False) else {}
 
     @staticmethod
     def _check_invariants(is_causal, kw):
@@ -325,7 +270,6 @@ class _KernelShim:
             res = get_candidate()(
                 q, k, k_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr,
                 sm_scale, max_qo_len=max_len_extend, k_scale=k_scale, v_scale=v_scale, out=cand,
-                **self._step_kwargs(),
             )
             if res is not None and res is not cand:
                 cand.copy_(res.reshape(cand.shape))
@@ -452,22 +396,13 @@ def _account_replay(backend, forward_batch) -> None:
             metrics.count_fallback(key[1], n)
 
 
-def install_step_wrappers(backend, validate: bool, step_marks: bool = False) -> bool:
+def install_step_wrappers(backend, validate: bool) -> bool:
     """Wrap THIS backend instance's `init_forward_metadata_out_graph` (replay accounting, and in
     validate the host side of the stats ring) and `init_forward_metadata` (validate: host side),
     so that both run once per step OUTSIDE any graph, also when every TARGET_VERIFY forward is a
-    CUDA-graph replay. Instance attributes shadow the class's methods; idempotent.
-
-    step_marks (journal m42): both wrappers also mark a step (ops.begin_step) after the original has
-    set the step's metadata, every call, in capture or not (a mark recorded in a graph marks each of
-    its replays; a mark too many only costs a schedule scan). The backend then asks the kernel for
-    the step schedule (`_kdtree_step_marks`), which it does only when both methods are wrapped. A
-    mark that fails raises: a step left unmarked would make the next call's kernel trap."""
+    CUDA-graph replay. Instance attributes shadow the class's methods; idempotent."""
     if getattr(backend, "_kdtree_poll_installed", False):
         return False
-    out_graph = getattr(backend, "init_forward_metadata_out_graph", None)
-    eager = getattr(backend, "init_forward_metadata", None)
-    step_marks = step_marks and out_graph is not None and eager is not None
 
     def _safe(fn, *a):
         try:
@@ -475,12 +410,11 @@ def install_step_wrappers(backend, validate: bool, step_marks: bool = False) -> 
         except Exception as exc:  # accounting/publishing must never break serving
             logs.candidate_error(exc, mode="validate" if validate else "on", where=getattr(fn, "__name__", "?"))
 
+    out_graph = getattr(backend, "init_forward_metadata_out_graph", None)
     if out_graph is not None:
 
         def init_forward_metadata_out_graph(forward_batch, in_capture=False, *args, **kwargs):
             result = out_graph(forward_batch, in_capture, *args, **kwargs)
-            if step_marks:
-                _mark_step()
             if not in_capture and not shadow.is_capturing():
                 _safe(_account_replay, backend, forward_batch)
                 if validate:
@@ -489,19 +423,17 @@ def install_step_wrappers(backend, validate: bool, step_marks: bool = False) -> 
 
         init_forward_metadata_out_graph.__wrapped__ = out_graph
         backend.init_forward_metadata_out_graph = init_forward_metadata_out_graph
-    if (validate or step_marks) and eager is not None:
+    eager = getattr(backend, "init_forward_metadata", None)
+    if validate and eager is not None:
 
         def init_forward_metadata(*args, **kwargs):
             result = eager(*args, **kwargs)
-            if step_marks:
-                _mark_step()
-            if validate and not shadow.is_capturing():
+            if not shadow.is_capturing():
                 _safe(shadow.poll_all)
             return result
 
         init_forward_metadata.__wrapped__ = eager
         backend.init_forward_metadata = init_forward_metadata
-    backend._kdtree_step_marks = step_marks
     backend._kdtree_poll_installed = True
     return True
 
@@ -523,7 +455,7 @@ def _forward_extend_hook(original_fn, self, q, k, v, layer, forward_batch, save_
     validate = mode == "validate"
     fm = getattr(forward_batch, "forward_mode", None)
     if fm is not None and fm.is_target_verify() and not getattr(self, "_kdtree_poll_installed", False):
-        install_step_wrappers(self, validate, step_marks=_step_marks_wanted(st))
+        install_step_wrappers(self, validate)
 
     reason = eligibility.check(self, layer, forward_batch, q, k, v, kwargs)
     if reason is not None:

@@ -77,11 +77,10 @@ def test_build_without_ptx_embeds_none_and_reports_zero(tmp_path):
 
 
 def test_hopper_kernel_built_for_sm90a_without_spills_or_wgmma_serialisation(report):
-    # Six instantiations: the scales folded into the softmax (what SGLang's positive scales run) and
-    # applied as given (zero, negative or extreme scales), h13; x one request (s1e), a batch that scans,
-    # a batch with the step schedule (m42).
+    # Two instantiations (h13): the scales folded into the softmax (what SGLang's positive scales
+    # run) and applied as given (zero, negative or extreme scales).
     hopper = [r for r in report.resources if "hopper" in r.kernel and "verify_attention" in r.kernel]
-    assert len(hopper) == 6 and {r.arch for r in hopper} == {90}
+    assert len(hopper) == 4 and {r.arch for r in hopper} == {90}  # scales folded or not x one request or any (s1e)
     assert {"ILb0E" in r.kernel for r in hopper} == {True, False}
     assert all(r.spill_stores == r.spill_loads == r.stack_bytes == 0 for r in hopper)
     assert "Compiling entry function '_ZN6kdtree6hopper30verify_attention_hopper_kernel" in report.ptxas_log
@@ -171,9 +170,8 @@ def test_plan_refuses_draft_counts_above_the_abi_limit(report):
 
 def _schedule_cache_bytes(batch, grid_ctas):
     """The schedule cache a batch launch keeps at its workspace's end (common/schedule.cuh, journal
-    m35): a 192-byte record a CTA, the int64 snapshot of qo_indptr and kv_indptr, an 80-byte header
-    (64 before the step schedule's three words, m42)."""
-    return 0 if batch <= 1 else grid_ctas * 192 + 16 * (batch + 1) + 80
+    m35): a 192-byte record a CTA, the int64 snapshot of qo_indptr and kv_indptr, a 64-byte header."""
+    return 0 if batch <= 1 else grid_ctas * 192 + 16 * (batch + 1) + 64
 
 
 @pytest.mark.parametrize("config", [abi.CONFIG_PORTABLE, abi.CONFIG_HOPPER])
@@ -245,22 +243,6 @@ def test_run_rejects_null_pointers_before_touching_the_gpu(report):
     assert rc != 0 and "NULL" in lib.kdtree_error_string(rc).decode()
 
 
-def test_step_schedule_entry_points_check_their_arguments_without_a_gpu(report):
-    """Journal m42: unknown flag bits and configurations are refused by name before any CUDA call, and
-    a configuration without a step schedule takes the mark as a no-op."""
-    lib = ctypes.CDLL(str(report.path))
-    abi.declare_signatures(lib)
-    assert lib.kdtree_verify_begin_step(abi.CONFIG_PORTABLE, None) == 0
-    rc = lib.kdtree_verify_begin_step(7, None)
-    assert rc != 0 and "configuration 7" in lib.kdtree_error_string(rc).decode()
-    ws = (ctypes.c_uint8 * 64)()
-    params = abi.VerifyParams(q=16, k=16, kv_cache=16, qo_indptr=16, kv_indptr=16, kv_indices=16, out=16,
-                              batch=2, num_heads=8, max_qo_len=4, num_splits=1, config=abi.CONFIG_PORTABLE,
-                              workspace=ctypes.addressof(ws) // 16 * 16 + 16, flags=abi.FLAG_STEP_SCHEDULE | 4)
-    rc = lib.kdtree_verify_run(ctypes.byref(params), None)
-    assert rc != 0 and "flags 0x5" in lib.kdtree_error_string(rc).decode()
-
-
 def _sm90a_sass(report):
     """The library's sm_90a SASS: per function (mangled name), its instruction lines, each cut at
     its ';' (the encoding comments dropped)."""
@@ -285,9 +267,9 @@ def _sass(report, arch):
 
 def _hopper_kernel_sass(report):
     """The instruction lines of the library's Hopper verify kernels (every instantiation: scales folded
-    or not, x one request, a scanning batch or a batch with the step schedule)."""
+    or not, x one request or any batch)."""
     hopper = [v for k, v in _sm90a_sass(report).items() if k.startswith("_ZN6kdtree6hopper30verify_attention_hopper_kernel")]
-    assert len(hopper) == 6
+    assert len(hopper) == 4
     return hopper
 
 
@@ -372,7 +354,7 @@ def test_verify_kernels_wait_for_the_previous_kernel_before_touching_memory(repo
     functions = _sass(report, arch)
     dependents = {k: v for k, v in functions.items()
                   if k.startswith(("_ZN6kdtree6hopper30verify_attention_hopper_kernel", "_ZN6kdtree16verify_ws_kernel"))}
-    assert len(dependents) == (8 if arch == "sm_90a" else 2), sorted(functions)
+    assert len(dependents) == (6 if arch == "sm_90a" else 2), sorted(functions)
     for name, lines in dependents.items():
         waits = [i for i, ln in enumerate(lines) if "ACQBULK" in ln]
         assert len(waits) == 1, f"{name}: {len(waits)} griddepcontrol.wait"
@@ -423,7 +405,7 @@ def test_profiler_build_exports_its_reader_and_the_release_build_does_not(report
     assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_tile_stamps_copy")  # common/tile_stamps.cuh
     assert hasattr(ctypes.CDLL(str(diag.path)), "kdtree_hopper_tile_stamps_copy")
     hopper = [r for r in diag.resources if "verify_attention_hopper" in r.kernel]
-    assert len(hopper) == 6 and all(r.spill_stores == r.spill_loads == 0 for r in hopper)
+    assert len(hopper) == 4 and all(r.spill_stores == r.spill_loads == 0 for r in hopper)
     assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_timeline_copy")
     assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_tile_stamps_copy")
     assert not hasattr(ctypes.CDLL(str(report.path)), "kdtree_hopper_tile_stamps_copy")

@@ -439,27 +439,15 @@ def test_planned_two_splits_at_b32_h8_n16(ops):
     _check_against_reference(batch, _run(ops, batch))
 
 
-HEADER_BYTES = 80  # ScheduleCacheHeader (common/schedule.cuh): the workspace's last bytes
-
-
-def _schedule_header(ops, B, heads, max_qo_len, stream=None):
-    """The schedule cache header (journal m35; the step schedule's, m42) of the op's launch shape on
-    `stream` (default: the current one) as a dict, then the workspace and its byte count."""
-    stream = (stream or torch.cuda.current_stream()).cuda_stream
+def _schedule_cache(ops, B, heads, max_qo_len):
+    """The generation and the arrival counter of the schedule cache header (the workspace's last 64
+    bytes, journal m35) of the op's launch shape on the current stream, then the workspace and its
+    byte count."""
+    stream = torch.cuda.current_stream().cuda_stream
     plan = next(v for k, v in ops._plans.items() if k[1] == stream and k[2:5] == (B, heads, max_qo_len))
     nbytes = plan.c_plan.workspace_bytes
-    raw = plan.workspace[nbytes - HEADER_BYTES:]
-    words = raw[40:80].view(torch.int64).tolist()
-    header = {"arrived": int(raw[36:40].view(torch.int32).item()), "generation": words[0], "step": words[1],
-              "qo_indptr": words[2], "kv_indptr": words[3]}
-    return header, plan.workspace, nbytes
-
-
-def _schedule_cache(ops, B, heads, max_qo_len):
-    """The generation and the arrival counter of the schedule cache header, then the workspace and its
-    byte count."""
-    h, ws, nbytes = _schedule_header(ops, B, heads, max_qo_len)
-    return h["generation"], h["arrived"], ws, nbytes
+    header = plan.workspace[nbytes - 64:]
+    return int(header[40:48].view(torch.int64).item()), int(header[36:40].view(torch.int32).item()), plan.workspace, nbytes
 
 
 @pytest.mark.parametrize("heads,drafts,prefixes", [(8, 65, [700, 33, 1500, 0, 260, 4100]), (16, 4, [5000, 5000, 12])],
@@ -498,7 +486,7 @@ def test_schedule_cache_is_used_only_for_its_lengths(ops, kernel_path, heads, dr
     # Overwrite the last 8 CTAs' records (just before the snapshot and header), keep header and
     # snapshot: those records no longer match the header's generation, so their CTAs recompute on
     # their own and write nothing (the other CTAs take their records).
-    snap_and_header = 16 * (B + 1) + HEADER_BYTES
+    snap_and_header = 16 * (B + 1) + 64
     assert nbytes - snap_and_header >= 192 * 8
     ws[nbytes - snap_and_header - 192 * 8: nbytes - snap_and_header] = torch.randint(
         0, 256, (192 * 8,), dtype=torch.uint8, device=DEV)
@@ -508,162 +496,6 @@ def test_schedule_cache_is_used_only_for_its_lengths(ops, kernel_path, heads, dr
     assert g5 == (g3 + 1 if cached else 0), "the first lengths again must recompute the schedule"
     g6, _, _ = call(prefixes, 37)
     assert g6 == g5
-
-
-def _sharing(batch, holder):
-    """`batch` reading its index arrays from `holder`'s tensors (the same addresses: SGLang's metadata
-    buffers), whose contents are first set to `batch`'s."""
-    holder.qo_indptr.copy_(batch.qo_indptr)
-    holder.kv_indptr.copy_(batch.kv_indptr)
-    return dataclasses.replace(batch, qo_indptr=holder.qo_indptr, kv_indptr=holder.kv_indptr)
-
-
-@pytest.mark.parametrize("heads,drafts,prefixes", [(8, 65, [700, 33, 1500, 0, 260, 4100]), (16, 4, [5000, 5000, 12])],
-                         ids=["B6-H8-n65", "B3-H16-n4"])
-def test_step_schedule_is_shared_within_a_step_only(ops, kernel_path, heads, drafts, prefixes):
-    """Journal m42: with step_schedule=True the Hopper kernel takes the batch schedule an earlier call
-    of the same step (ops.begin_step) computed from the same index-array addresses, and recomputes on
-    a new step, on other addresses, or on another launch shape. Every call is checked against float64;
-    the header's generation says which calls recomputed. The other kernel paths ignore the flag (their
-    own schedule: the scan, or the portable cache), and must be just as exact."""
-    if SMALL:  # the sanitizer's version: a tenth of the keys
-        prefixes = [p // 10 for p in prefixes]
-    B = len(prefixes)
-    stepped = kernel_path == "hopper"
-    assert ops.begin_step() is stepped
-
-    def batch(prefix, seed):
-        return make_verify_batch(prefix, num_heads=heads, draft_lens=drafts, mask="tree", mask_dtype=U8,
-                                 qo_indptr_dtype=I64, seed=seed, device=DEV, index_garbage=GARBAGE)
-
-    def call(b, what):
-        _check_against_reference(b, _run(ops, b, max_qo_len=drafts, step_schedule=True), what=what)
-        h, _, _ = _schedule_header(ops, B, heads, drafts)
-        assert h["arrived"] == 0, "the arrival counter must be back at 0 after every launch"
-        return h
-
-    meta = batch(prefixes, 40)  # the metadata buffers every call of a "step" reads
-    ops.begin_step()
-    h0 = call(_sharing(batch(prefixes, 41), meta), "first call of a step")
-    if stepped:
-        assert (h0["qo_indptr"], h0["kv_indptr"]) == (meta.qo_indptr.data_ptr(), meta.kv_indptr.data_ptr())
-    h1 = call(_sharing(batch(prefixes, 42), meta), "second call, same step (new q, k, cache, slots, mask)")
-    assert h1["generation"] == h0["generation"], "a call of the same step must take the step's schedule"
-    longer = list(prefixes)
-    longer[B // 2] += 1
-    ops.begin_step()  # new lengths written into the same buffers, then the mark (SGLang's order)
-    h2 = call(_sharing(batch(longer, 43), meta), "new step, new lengths, same buffers")
-    assert h2["generation"] == (h1["generation"] + 1 if stepped else h1["generation"] + (kernel_path == "portable"))
-    if stepped:
-        assert h2["step"] == h1["step"] + 1
-    h3 = call(batch(prefixes, 44), "same step, other buffers (another backend's metadata)")
-    h4 = call(_sharing(batch(longer, 45), meta), "same step, the first buffers again")
-    if stepped:
-        assert h3["generation"] == h2["generation"] + 1 and h4["generation"] == h3["generation"] + 1
-    # the op's public entry without the flag scans as before, whatever the header holds
-    _check_against_reference(*(lambda b: (b, _run(ops, b, max_qo_len=drafts)))(batch([p + 3 for p in prefixes], 46)),
-                             what="unflagged call")
-
-
-def test_step_schedule_in_a_replayed_graph(ops, kernel_path):
-    """SGLang's order around a replay: the step's lengths written into the captured buffers, the
-    backend's metadata method marks the step (outside the graph, on the replay's stream), then the
-    graph's verify calls (three layers here): the first computes the step's schedule, the others take
-    it. Each layer's output must match float64 and the eager result, every round."""
-    rounds = GRAPH_ROUNDS_SMALL if SMALL else GRAPH_ROUNDS_FULL
-    B = max(len(r["prefix"]) + r["padded"] for r in rounds)
-    H, D = (8, 5) if SMALL else (16, 16)
-    max_ctx = max(max(r["prefix"]) for r in rounds) + 8
-    pool = 4 * max(sum(r["prefix"]) for r in rounds) + 64
-    st = _Static(B, H, D, max_ctx, pool, with_mask=True)
-    sm_scale, k_scale, v_scale = 192 ** -0.5, 0.9, 1.1
-    outs = [torch.full_like(st.out, float("nan")) for _ in range(3)]
-
-    def layers():
-        for o in outs:
-            ops.verify_attention(st.q, st.k, st.kv_cache, st.qo_indptr, st.kv_indptr, st.kv_indices, st.mask,
-                                 st.mask_indptr, sm_scale, max_qo_len=D, k_scale=k_scale, v_scale=v_scale, out=o,
-                                 step_schedule=True)
-
-    cs = torch.cuda.Stream()
-    cs.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(cs):
-        ops.begin_step()
-        for _ in range(2):
-            layers()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=cs):
-        layers()
-    torch.cuda.synchronize()
-    gen = _schedule_header(ops, B, H, D, stream=cs)[0]["generation"]
-    for i, r in enumerate(rounds):
-        batch = make_verify_batch(r["prefix"], num_heads=H, draft_lens=D, mask="tree", mask_dtype=U8,
-                                  qo_indptr_dtype=I64, num_padded=B - len(r["prefix"]), k_scale=k_scale,
-                                  v_scale=v_scale, min_pool_slots=pool, pool_factor=1.5, seed=700 + i, device=DEV)
-        with torch.cuda.stream(cs):
-            st.load(batch)
-            for o in outs:
-                o.fill_(float("nan"))
-            ops.begin_step()
-            graph.replay()
-        torch.cuda.synchronize()
-        view = st.as_batch(batch)
-        eager = torch.full_like(st.out, float("nan"))
-        st.call(ops, sm_scale, k_scale, v_scale, out=eager)
-        torch.cuda.synchronize()
-        for j, o in enumerate(outs):
-            _check_against_reference(view, o, what=f"graph replay round {i}, layer {j}")
-            assert torch.equal(o, eager), f"layer {j} of replay round {i} differs from eager: {view.describe()}"
-        if kernel_path == "hopper":
-            now = _schedule_header(ops, B, H, D, stream=cs)[0]["generation"]
-            assert now == gen + 1, f"round {i}: one schedule a step (generation {gen} -> {now})"
-            gen = now
-
-
-STALE_STEP_SCRIPT = r"""
-import torch
-from kdtree_backend.kernel import ops
-from kdtree_backend.testing.batches import make_verify_batch
-
-def batch(prefix, seed):
-    return make_verify_batch(prefix, num_heads=8, draft_lens=65, mask="tree", qo_indptr_dtype=torch.int64,
-                             seed=seed, device="cuda")
-
-a = batch([700, 33, 1500, 260], 1)
-assert ops.begin_step()
-ops.verify_attention(*a.args(), **a.kwargs(), step_schedule=True)
-torch.cuda.synchronize()
-print("first call done", flush=True)
-# Within the same step (no begin_step), the lengths change in place: shorter prefixes, so every read
-# the stale schedule makes stays inside a's buffers; the kernel must trap, not return an output.
-b = batch([500, 30, 1000, 200], 2)
-a.kv_indptr.copy_(b.kv_indptr)
-ops.verify_attention(*a.args(), **a.kwargs(), step_schedule=True)
-torch.cuda.synchronize()
-print("SECOND CALL RETURNED", flush=True)
-"""
-
-
-def test_step_schedule_changed_within_a_step_traps(kernel_path):
-    """A caller that changes the index arrays within a step (no begin_step) while asking for the step
-    schedule gets a failed stream (the kernel's trap after its walk), never an output computed from
-    the other lengths' schedule. In a subprocess: the trap ends the CUDA context."""
-    if kernel_path != "hopper":
-        pytest.skip("the step schedule is the Hopper kernel's")
-    if SMALL:
-        pytest.skip("a deliberate device trap: not a sanitizer case")
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "KDTREE_KERNEL"}
-    env["KDTREE_KERNEL"] = "hopper"
-    proc = subprocess.run([sys.executable, "-c", STALE_STEP_SCRIPT], capture_output=True, text=True, timeout=300,
-                          env=env)
-    out = proc.stdout + proc.stderr
-    assert "first call done" in proc.stdout, out[-3000:]
-    assert proc.returncode != 0 and "SECOND CALL RETURNED" not in proc.stdout, out[-3000:]
-    assert "launch failure" in out or "illegal instruction" in out.lower() or "unspecified" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("sm_scale,k_scale", [(192 ** -0.5, -0.8), (-(192 ** -0.5), 1.0), (192 ** -0.5, 0.0)],

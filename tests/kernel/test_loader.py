@@ -106,21 +106,6 @@ def test_library_with_ptx_covers_newer_gpus(fake_libs):
     assert "compute capability 11.0" in str(info.value) and "compute_120 PTX" in str(info.value)
 
 
-def test_step_schedule_is_read_from_the_library_s_symbol(fake_libs):
-    """kdtree_verify_begin_step was added within ABI 2 (journal m42): a library without it loads, and
-    says it has no step schedule, so the plugin never asks one for it."""
-    from kdtree_backend.kernel import abi
-
-    env = {ENV_TESTING: "1", ENV_FAKE_GPU_CAPABILITY: "9.0"}
-    with_it = loader.load_library(fake_libs.with_ptx, environ=env)
-    without = loader.load_library(fake_libs.good, environ=env)
-    assert with_it.step_schedule is True and without.step_schedule is False
-    assert with_it.cdll.kdtree_verify_begin_step.argtypes == [ctypes.c_int, ctypes.c_void_p]
-    # the params field that carries the flag kept the struct's size and place (was `float reserved`)
-    assert ctypes.sizeof(abi.VerifyParams) == 184 and abi.VerifyParams.flags.offset == 180
-    assert abi.FLAG_STEP_SCHEDULE == 1
-
-
 def test_library_without_the_ptx_symbol_reads_as_no_ptx(fake_libs):
     # A library built before kdtree_ptx_arch existed (same ABI): no PTX, so a 13.0 GPU is refused.
     lib = loader.load_library(fake_libs.good, check_devices=False, environ={ENV_TESTING: "1"})

@@ -534,63 +534,6 @@ def test_validate_sampling_and_poll_wrapper(env, cand):
     assert st.totals["within_tolerance"] == 2
 
 
-@pytest.mark.parametrize("mode", ["on", "validate"])
-@pytest.mark.parametrize("step_schedule", [True, False])
-def test_step_marks_come_from_the_metadata_wrappers(env, mode, step_schedule):
-    """Journal m42: with the step schedule on, the backend marks a step each time SGLang sets its
-    metadata (eager and before a graph replay), after the original method, and the kernel is asked for
-    the step schedule only once both wrappers mark; KDTREE_STEP_SCHEDULE=off: no marks, no flag."""
-    from kdtree_backend.sglang import hook
-    from kdtree_backend.sglang import logs
-    from kdtree_backend.sglang import shadow
-    from kdtree_backend.config import Mode
-
-    logs.reset_for_tests()
-    shadow.reset_for_tests()
-    hook.reset_for_tests(mode=Mode(mode), settings=shadow.Settings(sample_rate=1.0), step_schedule=step_schedule)
-    events = []
-    seen = []
-
-    def candidate(*a, out=None, step_schedule=False, **k):
-        seen.append(step_schedule)
-        events.append("call")
-        return _reference_candidate(*a, out=out, **k)
-
-    hook.set_candidate(candidate)
-    hook.set_step_marker(lambda: events.append("mark"))
-    try:
-        fx = Fx()
-        # SGLang's out_graph needs CUDA-graph buffers (init_cuda_graph_state); a stand-in records its turn
-        fx.backend.init_forward_metadata_out_graph = lambda fb, in_capture=False: events.append("meta")
-        fx.call()  # the first call installs the wrappers (its step was set before them: no mark)
-        assert getattr(fx.backend, "_kdtree_step_marks", None) is step_schedule
-        fx.init_metadata()
-        fx.call()
-        fx.call()
-        with fx.ctx():
-            fx.backend.init_forward_metadata_out_graph(fx.batch)  # what SGLang runs before a replay
-            fx.backend.init_forward_metadata_out_graph(fx.batch, in_capture=True)
-    finally:
-        hook.set_candidate(None)
-        hook.set_step_marker(None)
-    if step_schedule:
-        assert events == ["call", "mark", "call", "call", "meta", "mark", "meta", "mark"]
-        assert seen == [True, True, True]  # the first call's backend was wrapped before its kernel call
-    else:
-        assert events == ["call", "call", "call", "meta", "meta"] and seen == [False, False, False]
-
-
-def test_step_schedule_setting_is_checked():
-    from kdtree_backend.config import ENV_STEP_SCHEDULE, read_settings, read_step_schedule
-    from kdtree_backend.errors import KdtreeModeError
-
-    assert read_step_schedule({}) is False and read_step_schedule({ENV_STEP_SCHEDULE: " ON "}) is True
-    assert read_step_schedule({ENV_STEP_SCHEDULE: "off"}) is False
-    with pytest.raises(KdtreeModeError) as info:
-        read_settings({ENV_STEP_SCHEDULE: "no"})
-    assert ENV_STEP_SCHEDULE in str(info.value) and "on, off" in str(info.value)
-
-
 def test_startup_event_and_build_info(env, records):
     from kdtree_backend.sglang import hook
     from kdtree_backend.sglang import logs

@@ -156,9 +156,6 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
     return fail(KDTREE_ERR_INVALID_ARGUMENT, "out rows must start on 8-byte boundaries");
   if (p.workspace && !aligned(p.workspace, 16))
     return fail(KDTREE_ERR_INVALID_ARGUMENT, "workspace must be 16-byte aligned");
-  if (p.flags & ~KDTREE_FLAG_STEP_SCHEDULE)
-    return fail(KDTREE_ERR_INVALID_ARGUMENT, "flags 0x%x has bits this library does not know (it knows 0x%x)",
-                static_cast<unsigned>(p.flags), static_cast<unsigned>(KDTREE_FLAG_STEP_SCHEDULE));
   char err[512] = "";
   switch (p.config) {
     case KDTREE_CONFIG_PORTABLE:
@@ -174,24 +171,6 @@ int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream) {
 #endif
     default:
       return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", p.config);
-  }
-}
-
-int kdtree_verify_begin_step(int config, void* stream) {
-  switch (config) {
-    case KDTREE_CONFIG_PORTABLE:
-    case KDTREE_CONFIG_PORTABLE_TILED:
-      return KDTREE_OK;  // no step schedule: they ignore KDTREE_FLAG_STEP_SCHEDULE
-    case KDTREE_CONFIG_HOPPER: {
-#ifdef KDTREE_WITH_HOPPER
-      char err[256] = "";
-      return launched(kdtree::hopper::begin_step(static_cast<cudaStream_t>(stream), err, sizeof(err)), err);
-#else
-      return fail(KDTREE_ERR_UNSUPPORTED, "this library was built without the Hopper kernel (sm_90a)");
-#endif
-    }
-    default:
-      return fail(KDTREE_ERR_INVALID_ARGUMENT, "unknown kernel configuration %d", config);
   }
 }
 

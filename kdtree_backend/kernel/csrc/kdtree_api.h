@@ -50,17 +50,8 @@ typedef struct KdtreeVerifyParams {
   float sm_scale;
   float k_scale;               // multiplies prefix scores (SGLang's k_scale_float)
   float v_scale;               // multiplies prefix values (SGLang's v_scale_float)
-  int32_t flags;               // KDTREE_FLAG_* bits, 0 for none. (Added within ABI 2 in place of `float
-                               // reserved`, which callers set to 0: an older library ignores it.)
+  float reserved;
 } KdtreeVerifyParams;
-
-// KdtreeVerifyParams.flags
-// The caller marks its steps with kdtree_verify_begin_step, and the index arrays (qo_indptr,
-// kv_indptr) at the addresses a launch reads do not change between two marks: a batch launch may
-// then take the batch schedule an earlier launch of the same step computed, instead of scanning the
-// arrays (journal m42; the Hopper configuration; the others ignore the flag). A launch that finds the
-// arrays changed within a step traps (the stream fails) rather than return an output.
-#define KDTREE_FLAG_STEP_SCHEDULE 1
 
 // The launch shape for one (batch, heads, max draft count) on one GPU. Fixed at CUDA-graph
 // capture; how the batch's real lengths are cut into the planned parts is decided on the device.
@@ -121,12 +112,6 @@ KDTREE_API int kdtree_verify_plan(int batch, int num_heads, int max_qo_len, int 
                                   KdtreePlan* plan);
 // Asynchronous on `stream`; no host synchronisation; capturable in a CUDA graph.
 KDTREE_API int kdtree_verify_run(const KdtreeVerifyParams* params, void* stream);
-// Marks the start of a step on `stream` (stream-ordered, asynchronous, capturable): the launches of
-// `config` after it that set KDTREE_FLAG_STEP_SCHEDULE compute their batch schedule anew once, then
-// share it until the next mark. Call it whenever the index arrays may have changed (SGLang: each
-// forward's attention metadata). KDTREE_OK and nothing launched for a configuration without a step
-// schedule. (Added within ABI 2: a loader treats a library without it as having no step schedule.)
-KDTREE_API int kdtree_verify_begin_step(int config, void* stream);
 
 #ifdef __cplusplus
 }

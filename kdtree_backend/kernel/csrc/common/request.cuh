@@ -484,8 +484,7 @@ __device__ __forceinline__ int32_t schedule_index_types(const KdtreeVerifyParams
 // The header a launch computing its schedule writes: the launch's fields (the first
 // kScheduleLaunchWords words), no arrivals, and the records' generation.
 template <class Cfg>
-__device__ __forceinline__ ScheduleCacheHeader schedule_header(const KdtreeVerifyParams& p, int64_t generation,
-                                                               int64_t step = 0) {
+__device__ __forceinline__ ScheduleCacheHeader schedule_header(const KdtreeVerifyParams& p, int64_t generation) {
   ScheduleCacheHeader h;
   h.magic = kScheduleCacheMagic;
   h.kernel = schedule_kernel_id<Cfg>(p);
@@ -498,10 +497,7 @@ __device__ __forceinline__ ScheduleCacheHeader schedule_header(const KdtreeVerif
   h.index_types = schedule_index_types(p);
   h.arrived = 0;
   h.generation = generation;
-  h.step = step;
-  h.qo_indptr = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.qo_indptr));
-  h.kv_indptr = static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.kv_indptr));
-  h.reserved = 0;
+  h.reserved[0] = h.reserved[1] = 0;
   return h;
 }
 // Whether a stored header was written by a launch of this one's shape: its launch fields equal.
@@ -516,62 +512,9 @@ __device__ __forceinline__ bool schedule_header_matches(const KdtreeVerifyParams
   return same;
 }
 
-// Where a batch launch's part_begin result comes from (walk_part):
-//   kScan   the block-wide scan of the index arrays in every launch (part_begin)
-//   kCache  the schedule cache (m35): records taken after comparing the arrays with their snapshot
-//   kStep   the step schedule (m42): records taken on the step counter and the arrays' addresses,
-//           the snapshot compared after the walk (StepCheck)
-enum class ScheduleSource { kScan, kCache, kStep };
-
-// The step schedule's check, off the CTA's path (journal m42): threads below the batch's entry count
-// load their entry of the live qo_indptr / kv_indptr and of the snapshot with the records (the same
-// round trip) and compare them after the walk, when the loads have long landed; the entries past
-// the block's threads are loaded then. A mismatch means the caller changed the index arrays within
-// a step (without kdtree_verify_begin_step): the records were computed for other lengths, so the
-// launch traps, failing the stream, rather than let its output be read. Compared: each entry's low
-// 32 bits (four registers across the walk); the launch's key holds the arrays' addresses and the
-// step, so this catches a caller's misuse, not a collision of keys.
-struct StepCheck {
-  uint32_t live_qo = 0, live_kv = 0, snap_qo = 0, snap_kv = 0;
-  bool armed = false;
-
-  template <class Cfg>
-  __device__ __forceinline__ void issue(const KdtreeVerifyParams& p, const ScheduleCacheView& c, int tid) {
-    const int n = p.batch + 1;
-    if (tid < n) {
-      live_qo = static_cast<uint32_t>(load_index(p.qo_indptr, tid, p.qo_indptr_is_int64 != 0));
-      live_kv = static_cast<uint32_t>(load_index(p.kv_indptr, tid, p.kv_indptr_is_int64 != 0));
-      snap_qo = static_cast<uint32_t>(c.snapshot[tid]);
-      snap_kv = static_cast<uint32_t>(c.snapshot[n + tid]);
-    }
-  }
-
-  template <class Cfg>
-  __device__ __forceinline__ void finish(const KdtreeVerifyParams& p) const {
-    if (!armed) return;
-    bool stale = ((live_qo ^ snap_qo) | (live_kv ^ snap_kv)) != 0;
-    const int n = p.batch + 1;
-    const int tid = thread_index_volatile();
-    if (n > Cfg::kThreads) {  // batches of more requests than the block has threads: on the CTA's tail
-      const ScheduleCacheView c = launch_schedule_cache(p);
-      for (int j = Cfg::kThreads + tid; j < n; j += Cfg::kThreads) {
-        stale |= load_index(p.qo_indptr, j, p.qo_indptr_is_int64 != 0) != c.snapshot[j];
-        stale |= load_index(p.kv_indptr, j, p.kv_indptr_is_int64 != 0) != c.snapshot[n + j];
-      }
-    }
-    if (stale) __trap();  // kdtree: the step schedule is stale (index arrays changed within a step)
-  }
-};
-
-// part_begin through the schedule cache (journal m35) or the step schedule (m42), block-wide like
-// it. Every thread checks the header against the launch while the CTA's record is copied into sc
-// (one round trip of independent loads); one __syncthreads_or decides.
-// - The cache (kStep false): every thread also compares its share of the snapshot with the live
-//   index arrays before the decision.
-// - The step schedule (kStep true): the header must also hold the step counter's current value and
-//   the launch's index-array addresses; the arrays are compared after the walk (StepCheck, armed on a
-//   match). The counter changes only between launches (kdtree_verify_begin_step, stream-ordered), so
-//   a header of this step was written by an earlier launch of this step, from the arrays as they are.
+// part_begin through the schedule cache (journal m35), block-wide like it. Every thread compares its
+// share of the snapshot with the live index arrays and the header with the launch while the CTA's
+// record is copied into sc (one round trip of independent loads); one __syncthreads_or decides.
 // - A match, and the record of the header's generation: the record is part_begin's result for this
 //   launch.
 // - A mismatch (the same for every CTA of the launch: the header and snapshot change only after all
@@ -580,9 +523,8 @@ struct StepCheck {
 //   header are read by later launches only (the kernel boundary orders them), so no fence is needed.
 // - A match but a record of another generation (the workspace was overwritten): part_begin runs for
 //   this CTA alone, which neither writes nor counts, so the counter only ever counts whole launches.
-template <class Cfg, bool kStep>
-__device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, int cta, ScheduleScratch& sc,
-                                                  const int64_t* step_counter, StepCheck& check) {
+template <class Cfg>
+__device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, int cta, ScheduleScratch& sc) {
   // threadIdx.x read where used: predicates on it shared with part_begin's were held across the scan
   // and spilled by sm_100 / sm_120's ptxas in the warp-specialised kernel.
   int tid = thread_index_volatile();
@@ -593,17 +535,9 @@ __device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, i
   {
     const ScheduleCacheView c = launch_schedule_cache(p);
     stale = !schedule_header_matches<Cfg>(p, *c.header);
-    if constexpr (kStep) {
-      const ScheduleCacheHeader& h = *c.header;
-      stale |= h.step != *step_counter;
-      stale |= h.qo_indptr != static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.qo_indptr));
-      stale |= h.kv_indptr != static_cast<int64_t>(reinterpret_cast<uintptr_t>(p.kv_indptr));
-      check.template issue<Cfg>(p, c, tid);
-    } else {
-      for (int j = tid; j < n; j += Cfg::kThreads) {
-        stale |= load_index(p.qo_indptr, j, qo64) != c.snapshot[j];
-        stale |= load_index(p.kv_indptr, j, kv64) != c.snapshot[n + j];
-      }
+    for (int j = tid; j < n; j += Cfg::kThreads) {
+      stale |= load_index(p.qo_indptr, j, qo64) != c.snapshot[j];
+      stale |= load_index(p.kv_indptr, j, kv64) != c.snapshot[n + j];
     }
     const int64_t* record = c.records + static_cast<int64_t>(cta) * (kScheduleRecordBytes / 8);
     if (tid < kPartStateWords) (&sc.first_index[0])[tid] = record[2 + tid];
@@ -613,10 +547,7 @@ __device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, i
       sc.begun = record[0] == generation ? static_cast<int>(record[1]) : -1;
     }
     stale = __syncthreads_or(stale) != 0;
-    if (!stale && sc.begun >= 0) {
-      check.armed = kStep;
-      return sc.begun != 0;
-    }
+    if (!stale && sc.begun >= 0) return sc.begun != 0;
   }
   const bool begun = part_begin<Cfg>(p, cta, sc);  // its state is in sc on every path that returns true
   if (!stale) return begun;  // an overwritten record: this CTA computes, nothing is written
@@ -636,7 +567,7 @@ __device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, i
       c.snapshot[n + j] = load_index(p.kv_indptr, j, kv64);
     }
     if (tid == 0) {
-      *c.header = schedule_header<Cfg>(p, sc.generation + 1, kStep ? *step_counter : 0);
+      *c.header = schedule_header<Cfg>(p, sc.generation + 1);
     }
   }
   return begun;
@@ -649,27 +580,17 @@ __device__ __forceinline__ bool cached_part_begin(const KdtreeVerifyParams& p, i
 // segment names its row tile). kSingle (a launch of one request): the one segment of
 // single_request_segment, no walk, on the 2-D grid (row tiles, parts); otherwise the 1-D grid of
 // row tiles x parts main CTAs and the extra ones (s3).
-// kSource (ScheduleSource): where part_begin's result comes from. kCache, the schedule cache (m35):
-// the warp-specialised portable kernel. The Hopper kernel measured no gain from it (m35b) and the
-// tiled one spilled with it (255 registers on sm_100 / sm_120); both scan, and the Hopper kernel
-// takes the step schedule (kStep, m42, `step_counter` its translation unit's counter) in the
-// launches that ask for it (KDTREE_FLAG_STEP_SCHEDULE).
-template <class Cfg, bool kSingle, ScheduleSource kSource, class Between, class Run>
-__device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, ScheduleScratch& sc, Between between, Run run,
-                                          const int64_t* step_counter = nullptr) {
+// kCached: part_begin through the schedule cache (m35): the warp-specialised portable kernel. The
+// Hopper kernel measured no gain from it (m35b) and the tiled one spilled with it (255 registers on
+// sm_100 / sm_120); both keep the scan.
+template <class Cfg, bool kSingle, bool kCached, class Between, class Run>
+__device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, ScheduleScratch& sc, Between between, Run run) {
   if constexpr (kSingle) {
     CtaWork cw;
     if (single_request_segment<Cfg>(p, blockIdx.y, blockIdx.x, cw)) run(cw);
     return;
   } else {
-    StepCheck check;
-    bool begun;
-    if constexpr (kSource == ScheduleSource::kScan) {
-      begun = part_begin<Cfg>(p, blockIdx.x, sc);
-    } else {
-      begun = cached_part_begin<Cfg, kSource == ScheduleSource::kStep>(p, blockIdx.x, sc, step_counter, check);
-    }
-    if (!begun) return;
+    if (!(kCached ? cached_part_begin<Cfg>(p, blockIdx.x, sc) : part_begin<Cfg>(p, blockIdx.x, sc))) return;
     for (bool first = true;; first = false) {
       if (threadIdx.x == 0) next_segment<Cfg>(p, sc);
       __syncthreads();
@@ -678,7 +599,6 @@ __device__ __forceinline__ void walk_part(const KdtreeVerifyParams& p, ScheduleS
       if (!first) between();
       run(cw);
     }
-    if constexpr (kSource == ScheduleSource::kStep) check.template finish<Cfg>(p);
   }
 }
 

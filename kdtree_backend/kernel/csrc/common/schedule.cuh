@@ -291,13 +291,8 @@ __host__ __device__ __forceinline__ int64_t split_workspace_bytes(int batch, int
 // it from the batch, the grid and workspace_bytes alone:
 //   records   [grid CTAs][kScheduleRecordBytes]: int64 generation, int64 part_begin's result, the state
 //   snapshot  int64 [2][batch + 1]: qo_indptr, then kv_indptr, as the computing launch read them
-//   header    ScheduleCacheHeader (80 bytes)
+//   header    ScheduleCacheHeader (64 bytes)
 // The workspace must be zeroed when allocated (a zero header matches no launch).
-// The step schedule (journal m42, the Hopper kernel with KDTREE_FLAG_STEP_SCHEDULE) keeps the same
-// records, snapshot and header, keyed differently: a launch takes them when the header also holds
-// the step counter's value (kdtree_verify_begin_step) and the index arrays' addresses it reads, with
-// no comparison of the arrays on its path; the snapshot is compared after its walk (a trap on a
-// mismatch: the caller changed the arrays within a step).
 constexpr int kScheduleRecordBytes = 192;
 constexpr int32_t kScheduleCacheMagic = 0x6b647363;  // "kdsc"
 
@@ -313,12 +308,9 @@ struct ScheduleCacheHeader {
   int32_t index_types;  // qo_indptr_is_int64 | kv_indptr_is_int64 << 1
   uint32_t arrived;     // CTAs of the computing launch that have written their record
   int64_t generation;   // the records' generation
-  int64_t step;         // the step schedule: the step counter the computing launch read (the cache: 0)
-  int64_t qo_indptr;    // the step schedule: the index arrays' addresses the computing launch read
-  int64_t kv_indptr;
-  int64_t reserved;
+  int64_t reserved[2];
 };
-static_assert(sizeof(ScheduleCacheHeader) == 80, "the schedule cache header is 80 bytes");
+static_assert(sizeof(ScheduleCacheHeader) == 64, "the schedule cache header is 64 bytes");
 // The header's launch fields, magic .. index_types: what a later launch must match.
 constexpr int kScheduleLaunchWords = 9;
 static_assert(offsetof(ScheduleCacheHeader, arrived) == 4 * kScheduleLaunchWords,

@@ -252,16 +252,7 @@ __device__ __forceinline__ void run_segment(const KdtreeVerifyParams& p, const C
 // Grid: (row tiles, parts) for kSingle (the launch holds one request, s1e: no scan, no walk); a batch:
 // row tiles x parts main CTAs and the extra CTAs of the wave's idle SMs, 1-D (s3). Each CTA runs its
 // part's segments one after another (s1), each segment naming its row tile.
-// kStep (journal m42): a batch launch that asked for the step schedule (KDTREE_FLAG_STEP_SCHEDULE)
-// takes the batch schedule an earlier launch of the same step computed (common/request.cuh).
-
-// The step counter of the step schedule: kdtree_verify_begin_step adds one (begin_step_kernel, on
-// the caller's stream) before a step's launches. One per device and translation unit (this one).
-static __device__ int64_t g_hopper_step = 0;
-
-__global__ void begin_step_kernel() { g_hopper_step += 1; }
-
-template <bool kFold, bool kSingle, bool kStep>
+template <bool kFold, bool kSingle>
 __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
     verify_attention_hopper_kernel(const KdtreeVerifyParams p, const __grid_constant__ CUtensorMap q_map, const int q_tma) {
   const int tid = threadIdx.x;
@@ -278,9 +269,9 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
   // kernel's tail; nothing above reads or writes global memory, everything below may.
   pdl_wait_primary();
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_hopper_smem + SmemLayout::kSched);
-  // Not the schedule cache: it measured no gain here (m35, m35b: -0.9..+2.0 µs on the short shapes,
-  // with and without its check; the portable path gained 0.3-6 µs). The step schedule (m42) instead.
-  walk_part<HopperConfig, kSingle, kStep ? ScheduleSource::kStep : ScheduleSource::kScan>(
+  // kCached false: the schedule cache measured no gain here (m35, m35b: -0.9..+2.0 µs on the short
+  // shapes, with and without its check; the portable path gained 0.3-6 µs).
+  walk_part<HopperConfig, kSingle, /*kCached=*/false>(
       p, sched,
       [&] {
         if (tid != 0) return;
@@ -292,8 +283,7 @@ __global__ void __launch_bounds__(HopperConfig::kThreads, 1)
         }
         mbar_inval(smem + SmemLayout::kQFull);
       },
-      [&](const CtaWork& cw) { run_segment<kFold>(p, q_map, q_tma, cw, cw.row_tile, tid, lane, wg, warp_in_wg); },
-      &g_hopper_step);
+      [&](const CtaWork& cw) { run_segment<kFold>(p, q_map, q_tma, cw, cw.row_tile, tid, lane, wg, warp_in_wg); });
 }
 
 }  // namespace hopper

@@ -23,14 +23,12 @@ namespace hopper {
 namespace {
 
 // Every instantiation (h13: scales folded or applied as given; s1e: a launch of one request, or any
-// batch, scanning or with the step schedule, m42): each needs the shared-memory attribute and an
-// image for the device. The folded batch one with the step schedule, last, is what SGLang's scales
-// run most through the plugin (the probe reports its attributes).
+// batch): each needs the shared-memory attribute and an image for the device. The folded batch one,
+// last, is what SGLang's scales run most (the probe reports its attributes).
 using Kernel = void (*)(KdtreeVerifyParams, CUtensorMap, int);
-const Kernel kKernels[] = {verify_attention_hopper_kernel<false, true, false>, verify_attention_hopper_kernel<false, false, false>,
-                           verify_attention_hopper_kernel<false, false, true>,  verify_attention_hopper_kernel<true, true, false>,
-                           verify_attention_hopper_kernel<true, false, false>,  verify_attention_hopper_kernel<true, false, true>};
-KernelFamily<Kernel, 6> g_kernels("the Hopper verify kernel",
+const Kernel kKernels[] = {verify_attention_hopper_kernel<false, true>, verify_attention_hopper_kernel<false, false>,
+                           verify_attention_hopper_kernel<true, true>, verify_attention_hopper_kernel<true, false>};
+KernelFamily<Kernel, 4> g_kernels("the Hopper verify kernel",
                                   "; it is built for sm_90a only (H100/H200): set KDTREE_KERNEL=portable elsewhere",
                                   SmemLayout::kBytes, kKernels);
 
@@ -114,10 +112,8 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
   CUtensorMap q_map;
   memset(&q_map, 0, sizeof(q_map));
   const int q_tma = encode_q_map(p, &q_map) ? 1 : 0;
-  // s1e: a batch of one request runs the instantiation without the batch scan and the walk; a batch
-  // whose caller marks its steps (KDTREE_FLAG_STEP_SCHEDULE) the one with the step schedule (m42).
-  const int form = p.batch == 1 ? 0 : ((p.flags & KDTREE_FLAG_STEP_SCHEDULE) != 0 ? 2 : 1);
-  const Kernel kernel = kKernels[(fold_scales(p) ? 3 : 0) + form];
+  // s1e: a batch of one request runs the instantiation without the batch scan and the walk.
+  const Kernel kernel = kKernels[(fold_scales(p) ? 2 : 0) + (p.batch == 1 ? 0 : 1)];
   // h47: a programmatic dependent of the previous kernel (as FlashMLA's decode kernel launches): the
   // CTAs' start overlaps that kernel's tail, and the kernel waits for it before touching memory.
   const cudaError_t launch_error = launch_programmatic(kernel, grid, dim3(HopperConfig::kThreads), SmemLayout::kBytes,
@@ -129,14 +125,6 @@ int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t e
     if (e != cudaSuccess)
       return report(KDTREE_ERR_CUDA, err, err_len, "launch of the split-combine kernel failed: %s", cudaGetErrorString(e));
   }
-  return KDTREE_OK;
-}
-
-int begin_step(cudaStream_t stream, char* err, size_t err_len) {
-  begin_step_kernel<<<1, 1, 0, stream>>>();
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return report(KDTREE_ERR_CUDA, err, err_len, "launch of the step counter's kernel failed: %s", cudaGetErrorString(e));
   return KDTREE_OK;
 }
 

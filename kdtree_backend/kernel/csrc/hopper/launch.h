@@ -14,8 +14,6 @@ constexpr int kRowsPerTile = 64;
 // Each returns a KdtreeStatus; on failure `err` holds the reason.
 int launch(const KdtreeVerifyParams& p, cudaStream_t stream, char* err, size_t err_len);
 int probe(int device, char* msg, size_t msg_len);
-// kdtree_verify_begin_step for this configuration: the step schedule's counter, one more (m42).
-int begin_step(cudaStream_t stream, char* err, size_t err_len);
 
 }  // namespace hopper
 }  // namespace kdtree

@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) verify_attention_kernel(cons
   const int g = warp % Cfg::kRG;
   const int h = warp / Cfg::kRG;
   ScheduleScratch& sched = *reinterpret_cast<ScheduleScratch*>(g_smem + SmemLayout<Cfg>::kSched);
-  walk_part<Cfg, kSingle, ScheduleSource::kScan>(
+  walk_part<Cfg, kSingle, /*kCached=*/false>(
       p, sched, [] {}, [&](const CtaWork& cw) { run_segment<Cfg>(p, cw, cw.row_tile, tid, lane, g, h); });
 }
 

@@ -599,14 +599,14 @@ __global__ void __launch_bounds__(WsConfig::kThreads, 1) verify_ws_kernel(const 
   if (tid >= WsConfig::kQkWarps * 32) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kPvRegs));
     bool first = true;
-    walk_part<WsConfig, kSingle, ScheduleSource::kCache>(p, sched, [] {}, [&](const CtaWork& cw) {
+    walk_part<WsConfig, kSingle, /*kCached=*/true>(p, sched, [] {}, [&](const CtaWork& cw) {
       ws::pv_segment(p, cw, cw.row_tile, tid, first);
       first = false;
     });
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
     bool first = true;
-    walk_part<WsConfig, kSingle, ScheduleSource::kCache>(p, sched, [] {}, [&](const CtaWork& cw) {
+    walk_part<WsConfig, kSingle, /*kCached=*/true>(p, sched, [] {}, [&](const CtaWork& cw) {
       ws::qk_segment(p, cw, cw.row_tile, tid, first);
       first = false;
     });
