@@ -497,6 +497,16 @@ def test_perf_table_two_paths_and_update(tmp_path):
     assert new.startswith("intro\n") and new.endswith("\noutro\n") and "old" not in new and new.count(pt.BEGIN) == 1
 
 
+def test_bench_verify_sets_fixes_the_calls_per_replay():
+    """--sets N times exactly N calls a replay (one step of an N-layer model); unset, the count that
+    defeats L2; N < 1 is refused."""
+    bv = _load("bench/bench_verify.py", "_kdtree_bench_verify_sets")
+    assert bv.parse_args(["--grid", "quick"]).sets is None
+    assert bv.parse_args(["--grid", "quick", "--sets", "61"]).sets == 61
+    with pytest.raises(SystemExit):
+        bv.parse_args(["--grid", "quick", "--sets", "0"])
+
+
 def test_results_index_lists_every_kept_file_and_the_readme_cites_only_kept_ones():
     results = ROOT / "bench" / "results"
     index = (results / "README.md").read_text()
