@@ -498,8 +498,8 @@ def test_perf_table_two_paths_and_update(tmp_path):
 
 
 def test_bench_verify_sets_fixes_the_calls_per_replay():
-    """--sets N times exactly N calls a replay (one step of an N-layer model); unset, the count that
-    defeats L2; N < 1 is refused."""
+    """--sets N (exactly N calls a replay, e.g. one step of an N-layer model) parses; unset it is None
+    (run_shape then sizes the sets to defeat L2); N < 1 is refused."""
     bv = _load("bench/bench_verify.py", "_kdtree_bench_verify_sets")
     assert bv.parse_args(["--grid", "quick"]).sets is None
     assert bv.parse_args(["--grid", "quick", "--sets", "61"]).sets == 61
