@@ -302,6 +302,120 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Chain mode (journal m44): the kernel's mix coupled through S K stages (2 = the kernel, 3 = what a
+// third stage would buy if it fit sm_120's 99 KB; it fits the H200's 227 KB, where this probe runs),
+// with the chain's non-mma links as timed waits instead of their work (m43b's stamps):
+//   qk_spin   on the QK warps' path after their mma (mask, softmax, P stores, hand-off: ~400 cycles);
+//   pv_spin   on the PV warps' path after their mma and the P-free arrival (the stage barrier and the
+//             refill's ids work and copies: ~1,260 cycles; 0 = a producer refills, as p44);
+//   landing   from the last PV warp's refill to the stage's K full for the QK warps (~1,190 cycles):
+//             each PV warp's lane 0 raises the stage's clock64 stamp (atomicMax) before it arrives on
+//             the stage's "free" mbarrier, and a QK warp that has waited that barrier spins until
+//             clock64() >= stamp + landing (clock64 is the SM's, so the landing runs concurrently
+//             with everything else, as the copy engine's does).
+// QK tile j waits stage j % S (PV(j - S) and its landing), runs qk_tile_mma, spins qk_spin, waits P
+// buffer j & 1 (PV(j - 2)'s P-free arrival) and arrives on P full(j & 1). PV tile i waits P full(i & 1),
+// runs pv_tile_mma on stage i % S, arrives P free(i & 1), spins pv_spin, stamps and arrives on
+// stage free(i % S). No barrier can be waited a phase late: QK j's waits are for tiles PV cannot pass
+// without P(j), and PV i's for P(i), which QK cannot produce twice ahead of PV(i - 2).
+struct ChainParams {
+  int qk_spin, pv_spin, landing;
+};
+__constant__ ChainParams c_chain;
+
+constexpr int kChainMaxStages = 3;
+constexpr int kChainStage2 = (WsLayout::kBytes + 1023) / 1024 * 1024;  // the third stage after the layout
+constexpr int kChainBars = kChainStage2 + WsConfig::kTileBytes;          // P full[2], P free[2], free[3]
+constexpr int kChainStamps = kChainBars + 7 * 8;                        // one u64 stamp a stage
+constexpr int kChainSmemBytes = kChainStamps + kChainMaxStages * 8;
+static_assert(kChainSmemBytes <= 227 * 1024, "fits the H200's shared memory");
+
+__device__ __forceinline__ uint32_t chain_stage(uint32_t base, int s) {
+  return s < 2 ? base + s * WsConfig::kTileBytes : base + kChainStage2;
+}
+__device__ __forceinline__ unsigned long long ld_volatile_shared_u64(uint32_t addr) {
+  unsigned long long v;
+  asm volatile("ld.volatile.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+template <int kStages>
+__global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*delay*/, float* sink, long long* spans) {
+  static_assert(kStages >= 2 && kStages <= kChainMaxStages, "2 or 3 stages");
+  const uint32_t base = smem_addr(g_smem);
+  const uint32_t p_full = base + kChainBars, p_free = p_full + 16, free_bar = p_full + 32, stamps = base + kChainStamps;
+  fill_random(WsLayout::kPBuf + 2 * kPBytes);
+  if (kStages > 2) {  // the third stage's bytes too
+    for (int off = thread_index_volatile() * 4; off < WsConfig::kTileBytes; off += kThreads * 4)
+      *reinterpret_cast<uint32_t*>(g_smem + kChainStage2 + off) = *reinterpret_cast<const uint32_t*>(g_smem + off);
+  }
+  if (thread_index_volatile() == 0) {
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(p_full + 8 * b, WsConfig::kQkWarps);
+      mbar_init(p_free + 8 * b, WsConfig::kPvWarps);
+    }
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(free_bar + 8 * s, WsConfig::kPvWarps);
+      *reinterpret_cast<unsigned long long*>(g_smem + kChainStamps + 8 * s) = 0ull;
+    }
+  }
+  __syncthreads();
+  const ChainParams cp = c_chain;
+  if (thread_index_volatile() >= WsConfig::kQkWarps * 32) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kPvRegs));
+    const int lane = thread_index_volatile() & 31, c = (thread_index_volatile() >> 5) - WsConfig::kQkWarps;
+    float o[4][8][4];
+    zero_o(o);
+    const uint32_t lo_pv = kdtree::ws::pv_lane_v(lane, c);
+    const uint32_t pv_p = base + WsLayout::kPBuf + kdtree::ws::pv_lane_p(lane);
+    const long long t0 = clock64();
+    for (int i = 0; i < tiles; ++i) {
+      const int s = i % kStages;
+      mbar_wait(p_full + 8 * (i & 1), (i >> 1) & 1);
+      kdtree::ws::pv_tile_mma(o, pv_p + (i & 1) * kPBytes, chain_stage(base, s), lo_pv);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(p_free + 8 * (i & 1));
+      spin(cp.pv_spin);
+      __syncwarp();
+      if (lane == 0) {
+        atomicMax(reinterpret_cast<unsigned long long*>(g_smem + kChainStamps + 8 * s), static_cast<unsigned long long>(clock64()));
+        mbar_arrive(free_bar + 8 * s);
+      }
+    }
+    const long long t1 = clock64();
+    record(sink, spans, sum_o(o), t1 - t0, tiles);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
+    const int lane = thread_index_volatile() & 31, g = thread_index_volatile() >> 5;
+    uint32_t q[WsConfig::kNopeSteps][4];
+    kdtree::ws::load_q_nope(base, g, lane, q);
+    const uint32_t rope = kdtree::ws::qk_lane_rope(base, g, lane);
+    const uint32_t lo_qk = kdtree::ws::qk_lane_k(lane);
+    float acc = 0.f;
+    const long long t0 = clock64();
+    for (int j = 0; j < tiles; ++j) {
+      const int s = j % kStages;
+      if (j >= kStages) {
+        mbar_wait(free_bar + 8 * s, ((j - kStages) / kStages) & 1);  // PV(j - S) has refilled it
+        const long long landed = static_cast<long long>(ld_volatile_shared_u64(stamps + 8 * s)) + cp.landing;
+        while (clock64() < landed) {
+        }
+      }
+      float sc[WsConfig::kBN / 8][4];
+      kdtree::ws::qk_tile_mma<WsConfig::kQkAhead, WsConfig::kQkPin>(chain_stage(base, s), lo_qk, rope, q, sc);
+#pragma unroll
+      for (int f = 0; f < WsConfig::kBN / 8; ++f) acc += (sc[f][0] + sc[f][1]) + (sc[f][2] + sc[f][3]);
+      spin(cp.qk_spin);
+      if (j >= 2) mbar_wait(p_free + 8 * (j & 1), ((j - 2) >> 1) & 1);  // P buffer j & 1 read by PV(j - 2)
+      __syncwarp();
+      if (lane == 0) mbar_arrive(p_full + 8 * (j & 1));
+    }
+    const long long t1 = clock64();
+    record(sink, spans, acc, t1 - t0, tiles);
+  }
+}
+
 struct Variant {
   const char* name;
   int ahead, pin;
@@ -457,6 +571,22 @@ int main(int argc, char** argv) {
       report("pair", "pair (18 k-steps, 3 stages)", 2, 3, m, delay, kPairRoles,
              measure("pair", pair[m], kPairSmemBytes, m, kPairRoles, sms, tiles, delay, sink, spans, h));
     }
+  // m44: the kernel's mix through S stages with the chain's other links as timed waits.
+  struct ChainRow {
+    int stages, qk_spin, pv_spin, landing;
+  };
+  const ChainRow chain_rows[] = {{2, 0, 0, 0},       {2, 400, 1260, 1190}, {2, 400, 0, 1190},
+                                 {2, 400, 1260, 0},  {3, 0, 0, 0},         {3, 400, 1260, 1190},
+                                 {3, 400, 0, 1190},  {3, 400, 1260, 0}};
+  for (const ChainRow& c : chain_rows) {
+    const ChainParams cp{c.qk_spin, c.pv_spin, c.landing};
+    CHECK(cudaMemcpyToSymbol(c_chain, &cp, sizeof(cp)));
+    char name[96];
+    snprintf(name, sizeof(name), "chain S%d qk%d pv%d land%d", c.stages, c.qk_spin, c.pv_spin, c.landing);
+    const Row r = measure(name, c.stages == 2 ? chain_kernel<2> : chain_kernel<3>, kChainSmemBytes, kCoupled, kKernelRoles,
+                          sms, tiles, 0, sink, spans, h);
+    report("chain", name, 2, 3, kCoupled, 0, kKernelRoles, r);
+  }
   json += "]}\n";
   if (json_path != nullptr) {
     FILE* f = fopen(json_path, "w");
