@@ -324,15 +324,19 @@ struct ChainParams {
 };
 __constant__ ChainParams c_chain;
 
-constexpr int kChainMaxStages = 3;
+constexpr int kChainMaxStages = 3, kChainMaxPBufs = 3;
 constexpr int kChainStage2 = (WsLayout::kBytes + 1023) / 1024 * 1024;  // the third stage after the layout
-constexpr int kChainBars = kChainStage2 + WsConfig::kTileBytes;          // P full[2], P free[2], free[3]
-constexpr int kChainStamps = kChainBars + 7 * 8;                        // one u64 stamp a stage
+constexpr int kChainP2 = kChainStage2 + WsConfig::kTileBytes;          // the third P buffer after it
+constexpr int kChainBars = kChainP2 + kPBytes;                         // P full[3], P free[3], free[3]
+constexpr int kChainStamps = kChainBars + 9 * 8;                       // one u64 stamp a stage
 constexpr int kChainSmemBytes = kChainStamps + kChainMaxStages * 8;
 static_assert(kChainSmemBytes <= 227 * 1024, "fits the H200's shared memory");
 
 __device__ __forceinline__ uint32_t chain_stage(uint32_t base, int s) {
   return s < 2 ? base + s * WsConfig::kTileBytes : base + kChainStage2;
+}
+__device__ __forceinline__ uint32_t chain_p(uint32_t base, int b) {
+  return b < 2 ? base + WsLayout::kPBuf + b * kPBytes : base + kChainP2;
 }
 __device__ __forceinline__ unsigned long long ld_volatile_shared_u64(uint32_t addr) {
   unsigned long long v;
@@ -340,18 +344,19 @@ __device__ __forceinline__ unsigned long long ld_volatile_shared_u64(uint32_t ad
   return v;
 }
 
-template <int kStages>
+template <int kStages, int kPBufs>
 __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*delay*/, float* sink, long long* spans) {
   static_assert(kStages >= 2 && kStages <= kChainMaxStages, "2 or 3 stages");
+  static_assert(kPBufs >= 2 && kPBufs <= kChainMaxPBufs, "2 or 3 P buffers");
   const uint32_t base = smem_addr(g_smem);
-  const uint32_t p_full = base + kChainBars, p_free = p_full + 16, free_bar = p_full + 32, stamps = base + kChainStamps;
+  const uint32_t p_full = base + kChainBars, p_free = p_full + 24, free_bar = p_full + 48, stamps = base + kChainStamps;
   fill_random(WsLayout::kPBuf + 2 * kPBytes);
-  if (kStages > 2) {  // the third stage's bytes too
-    for (int off = thread_index_volatile() * 4; off < WsConfig::kTileBytes; off += kThreads * 4)
-      *reinterpret_cast<uint32_t*>(g_smem + kChainStage2 + off) = *reinterpret_cast<const uint32_t*>(g_smem + off);
-  }
+  // The third stage and P buffer: copies of the first ones' random bytes.
+  for (int off = thread_index_volatile() * 4; off < WsConfig::kTileBytes + kPBytes; off += kThreads * 4)
+    *reinterpret_cast<uint32_t*>(g_smem + kChainStage2 + off) =
+        *reinterpret_cast<const uint32_t*>(g_smem + (off < WsConfig::kTileBytes ? off : WsLayout::kPBuf + off - WsConfig::kTileBytes));
   if (thread_index_volatile() == 0) {
-    for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < kPBufs; ++b) {
       mbar_init(p_full + 8 * b, WsConfig::kQkWarps);
       mbar_init(p_free + 8 * b, WsConfig::kPvWarps);
     }
@@ -368,14 +373,14 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*del
     float o[4][8][4];
     zero_o(o);
     const uint32_t lo_pv = kdtree::ws::pv_lane_v(lane, c);
-    const uint32_t pv_p = base + WsLayout::kPBuf + kdtree::ws::pv_lane_p(lane);
+    const uint32_t lane_p = kdtree::ws::pv_lane_p(lane);
     const long long t0 = clock64();
     for (int i = 0; i < tiles; ++i) {
-      const int s = i % kStages;
-      mbar_wait(p_full + 8 * (i & 1), (i >> 1) & 1);
-      kdtree::ws::pv_tile_mma(o, pv_p + (i & 1) * kPBytes, chain_stage(base, s), lo_pv);
+      const int s = i % kStages, b = i % kPBufs;
+      mbar_wait(p_full + 8 * b, (i / kPBufs) & 1);
+      kdtree::ws::pv_tile_mma(o, chain_p(base, b) + lane_p, chain_stage(base, s), lo_pv);
       __syncwarp();
-      if (lane == 0) mbar_arrive(p_free + 8 * (i & 1));
+      if (lane == 0) mbar_arrive(p_free + 8 * b);
       spin(cp.pv_spin);
       __syncwarp();
       if (lane == 0) {
@@ -407,9 +412,10 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*del
 #pragma unroll
       for (int f = 0; f < WsConfig::kBN / 8; ++f) acc += (sc[f][0] + sc[f][1]) + (sc[f][2] + sc[f][3]);
       spin(cp.qk_spin);
-      if (j >= 2) mbar_wait(p_free + 8 * (j & 1), ((j - 2) >> 1) & 1);  // P buffer j & 1 read by PV(j - 2)
+      const int b = j % kPBufs;
+      if (j >= kPBufs) mbar_wait(p_free + 8 * b, ((j - kPBufs) / kPBufs) & 1);  // P buffer b read by PV(j - P)
       __syncwarp();
-      if (lane == 0) mbar_arrive(p_full + 8 * (j & 1));
+      if (lane == 0) mbar_arrive(p_full + 8 * b);
     }
     const long long t1 = clock64();
     record(sink, spans, acc, t1 - t0, tiles);
@@ -572,19 +578,24 @@ int main(int argc, char** argv) {
              measure("pair", pair[m], kPairSmemBytes, m, kPairRoles, sms, tiles, delay, sink, spans, h));
     }
   // m44: the kernel's mix through S stages with the chain's other links as timed waits.
+  // m44b: the P buffers' count too (QK runs up to P - 1 tiles ahead of PV when the stages allow it).
   struct ChainRow {
-    int stages, qk_spin, pv_spin, landing;
+    int stages, pbufs, qk_spin, pv_spin, landing;
   };
-  const ChainRow chain_rows[] = {{2, 0, 0, 0},       {2, 400, 1260, 1190}, {2, 400, 0, 1190},
-                                 {2, 400, 1260, 0},  {3, 0, 0, 0},         {3, 400, 1260, 1190},
-                                 {3, 400, 0, 1190},  {3, 400, 1260, 0}};
+  const ChainRow chain_rows[] = {{2, 2, 0, 0, 0},      {2, 2, 400, 1260, 1190}, {2, 2, 400, 0, 1190},
+                                 {2, 2, 400, 1260, 0}, {3, 2, 0, 0, 0},         {3, 2, 400, 1260, 1190},
+                                 {3, 2, 400, 0, 1190}, {3, 2, 400, 1260, 0},    {3, 3, 0, 0, 0},
+                                 {3, 3, 400, 0, 0},    {3, 3, 400, 1260, 1190}, {3, 3, 400, 0, 1190},
+                                 {2, 3, 400, 1260, 1190}};
+  void (*const chain[2][2])(int, int, float*, long long*) = {{chain_kernel<2, 2>, chain_kernel<2, 3>},
+                                                            {chain_kernel<3, 2>, chain_kernel<3, 3>}};
   for (const ChainRow& c : chain_rows) {
     const ChainParams cp{c.qk_spin, c.pv_spin, c.landing};
     CHECK(cudaMemcpyToSymbol(c_chain, &cp, sizeof(cp)));
     char name[96];
-    snprintf(name, sizeof(name), "chain S%d qk%d pv%d land%d", c.stages, c.qk_spin, c.pv_spin, c.landing);
-    const Row r = measure(name, c.stages == 2 ? chain_kernel<2> : chain_kernel<3>, kChainSmemBytes, kCoupled, kKernelRoles,
-                          sms, tiles, 0, sink, spans, h);
+    snprintf(name, sizeof(name), "chain S%d P%d qk%d pv%d land%d", c.stages, c.pbufs, c.qk_spin, c.pv_spin, c.landing);
+    const Row r = measure(name, chain[c.stages - 2][c.pbufs - 2], kChainSmemBytes, kCoupled, kKernelRoles, sms, tiles, 0, sink,
+                          spans, h);
     report("chain", name, 2, 3, kCoupled, 0, kKernelRoles, r);
   }
   json += "]}\n";
