@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) pair_kernel(int tiles, int delay,
 // stage free(i % S). No barrier can be waited a phase late: QK j's waits are for tiles PV cannot pass
 // without P(j), and PV i's for P(i), which QK cannot produce twice ahead of PV(i - 2).
 struct ChainParams {
-  int qk_spin, pv_spin, landing;
+  int qk_spin, pv_spin, landing, pv_sleep_ns;
 };
 __constant__ ChainParams c_chain;
 
@@ -344,7 +344,86 @@ __device__ __forceinline__ unsigned long long ld_volatile_shared_u64(uint32_t ad
   return v;
 }
 
-template <int kStages, int kPBufs>
+// m44c: ws::qk_tile_mma with the even and odd k-steps in two accumulator sets (8 chains of 18 HMMA
+// a 32-key tile instead of 4 of 36), summed after the loop; the __syncwarp every kPin k-steps keeps
+// ptxas from running one set's chain before the other's (p18's SASS did that without pins). The 16
+// registers of the second set come from Q's last kQShared nope k-steps, read by ldmatrix from q_rope's
+// rows instead of registers (p43's trade; the probe's data are random, so the address is q_rope's
+// first k-steps), and K fragments one k-step ahead (the caller's kAhead = 1). A probe variant of the
+// kernel's piece, not the piece itself: the kernel's QK role has no registers for it as it stands.
+template <int kAhead, int kPin, int kQShared = 2>
+__device__ __forceinline__ void qk_tile_mma_2set(uint32_t tile_base, uint32_t lo_qk, uint32_t rope,
+                                                 const uint32_t (&q)[WsConfig::kNopeSteps][4], float (&s)[WsConfig::kBN / 8][4]) {
+  constexpr int NT = WsConfig::kBN / 8, kNope = WsConfig::kNopeSteps, kSteps = kNope + WsConfig::kRopeSteps;
+  float s1[NT][4];
+#pragma unroll
+  for (int f = 0; f < NT; ++f) s[f][0] = s[f][1] = s[f][2] = s[f][3] = s1[f][0] = s1[f][1] = s1[f][2] = s1[f][3] = 0.f;
+  uint32_t kb[kAhead + 1][NT / 2][4];
+  auto load_k = [&](int ks, uint32_t (&b)[NT / 2][4]) {
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np)
+      kdtree::ldmatrix_x4(tile_base + lo_qk + ks * 32 + np * 16 * kdtree::kSmemRowBytes, b[np][0], b[np][1], b[np][2], b[np][3]);
+  };
+#pragma unroll
+  for (int ks = 0; ks < kAhead; ++ks) load_k(ks, kb[ks]);
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    if (ks + kAhead < kSteps) load_k(ks + kAhead, kb[(ks + kAhead) % (kAhead + 1)]);
+    if (ks % kPin == 0) __syncwarp();
+    uint32_t a[4];
+    if (ks < kNope - kQShared) {
+      a[0] = q[ks][0];
+      a[1] = q[ks][1];
+      a[2] = q[ks][2];
+      a[3] = q[ks][3];
+    } else {
+      kdtree::ldmatrix_x4(rope + ((ks - (kNope - kQShared)) % WsConfig::kRopeSteps) * 32, a[0], a[1], a[2], a[3]);
+    }
+    const uint32_t (&b)[NT / 2][4] = kb[ks % (kAhead + 1)];
+    float (&acc)[NT][4] = (ks & 1) ? s1 : s;
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      kdtree::mma_bf16_16816(acc[2 * np], a, b[np][0], b[np][1]);
+      kdtree::mma_bf16_16816(acc[2 * np + 1], a, b[np][2], b[np][3]);
+    }
+  }
+#pragma unroll
+  for (int f = 0; f < NT; ++f)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[f][e] += s1[f][e];
+}
+
+// m44d: ws::pv_tile_mma with the warp asleep for `sleep_ns` (nanosleep) after each of its 8 groups of
+// 8 HMMA a tile, so the PV warps leave the tensor pipe to their scheduler's QK warp more often: the
+// priority the scheduler does not give the critical warp, bought by throttling the others. sleep_ns 0
+// runs the kernel's piece unchanged.
+__device__ __forceinline__ void pv_tile_mma_throttled(float (&o)[4][8][4], uint32_t pb, uint32_t tile_base, uint32_t lo_pv,
+                                                      int sleep_ns) {
+  if (sleep_ns <= 0) {
+    kdtree::ws::pv_tile_mma(o, pb, tile_base, lo_pv);
+    return;
+  }
+#pragma unroll
+  for (int kk = 0; kk < WsConfig::kBN / 16; ++kk) {
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+      kdtree::ldmatrix_x4(pb + mt * 16 * WsConfig::kPRowBytes + kk * 32, pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t b0, b1, b2, b3;
+      kdtree::ldmatrix_x4_trans(tile_base + lo_pv + j * 32 + kk * 16 * kdtree::kSmemRowBytes, b0, b1, b2, b3);
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+        kdtree::mma_bf16_16816(o[mt][2 * j], pa[mt], b0, b1);
+        kdtree::mma_bf16_16816(o[mt][2 * j + 1], pa[mt], b2, b3);
+      }
+      __nanosleep(static_cast<unsigned>(sleep_ns));
+    }
+  }
+}
+
+template <int kStages, int kPBufs, int kQkSets = 1>
 __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*delay*/, float* sink, long long* spans) {
   static_assert(kStages >= 2 && kStages <= kChainMaxStages, "2 or 3 stages");
   static_assert(kPBufs >= 2 && kPBufs <= kChainMaxPBufs, "2 or 3 P buffers");
@@ -378,7 +457,7 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*del
     for (int i = 0; i < tiles; ++i) {
       const int s = i % kStages, b = i % kPBufs;
       mbar_wait(p_full + 8 * b, (i / kPBufs) & 1);
-      kdtree::ws::pv_tile_mma(o, chain_p(base, b) + lane_p, chain_stage(base, s), lo_pv);
+      pv_tile_mma_throttled(o, chain_p(base, b) + lane_p, chain_stage(base, s), lo_pv, cp.pv_sleep_ns);
       __syncwarp();
       if (lane == 0) mbar_arrive(p_free + 8 * b);
       spin(cp.pv_spin);
@@ -408,7 +487,10 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*del
         }
       }
       float sc[WsConfig::kBN / 8][4];
-      kdtree::ws::qk_tile_mma<WsConfig::kQkAhead, WsConfig::kQkPin>(chain_stage(base, s), lo_qk, rope, q, sc);
+      if (kQkSets == 2)
+        qk_tile_mma_2set<1, WsConfig::kQkPin>(chain_stage(base, s), lo_qk, rope, q, sc);
+      else
+        kdtree::ws::qk_tile_mma<WsConfig::kQkAhead, WsConfig::kQkPin>(chain_stage(base, s), lo_qk, rope, q, sc);
 #pragma unroll
       for (int f = 0; f < WsConfig::kBN / 8; ++f) acc += (sc[f][0] + sc[f][1]) + (sc[f][2] + sc[f][3]);
       spin(cp.qk_spin);
@@ -579,23 +661,32 @@ int main(int argc, char** argv) {
     }
   // m44: the kernel's mix through S stages with the chain's other links as timed waits.
   // m44b: the P buffers' count too (QK runs up to P - 1 tiles ahead of PV when the stages allow it).
+  // m44c: the QK warps with two accumulator sets; m44d: the PV warps throttled by nanosleep.
   struct ChainRow {
-    int stages, pbufs, qk_spin, pv_spin, landing;
+    int stages, pbufs, qk_sets, qk_spin, pv_spin, landing, pv_sleep_ns;
   };
-  const ChainRow chain_rows[] = {{2, 2, 0, 0, 0},      {2, 2, 400, 1260, 1190}, {2, 2, 400, 0, 1190},
-                                 {2, 2, 400, 1260, 0}, {3, 2, 0, 0, 0},         {3, 2, 400, 1260, 1190},
-                                 {3, 2, 400, 0, 1190}, {3, 2, 400, 1260, 0},    {3, 3, 0, 0, 0},
-                                 {3, 3, 400, 0, 0},    {3, 3, 400, 1260, 1190}, {3, 3, 400, 0, 1190},
-                                 {2, 3, 400, 1260, 1190}};
-  void (*const chain[2][2])(int, int, float*, long long*) = {{chain_kernel<2, 2>, chain_kernel<2, 3>},
-                                                            {chain_kernel<3, 2>, chain_kernel<3, 3>}};
+  const ChainRow chain_rows[] = {
+      {2, 2, 1, 0, 0, 0, 0},       {2, 2, 1, 400, 1260, 1190, 0}, {2, 2, 1, 400, 0, 1190, 0},  {2, 2, 1, 400, 1260, 0, 0},
+      {3, 2, 1, 0, 0, 0, 0},       {3, 2, 1, 400, 1260, 1190, 0}, {3, 2, 1, 400, 0, 1190, 0},  {3, 2, 1, 400, 1260, 0, 0},
+      {3, 3, 1, 0, 0, 0, 0},       {3, 3, 1, 400, 0, 0, 0},       {3, 3, 1, 400, 1260, 1190, 0}, {3, 3, 1, 400, 0, 1190, 0},
+      {2, 3, 1, 400, 1260, 1190, 0},
+      // m44c
+      {2, 2, 2, 0, 0, 0, 0},       {2, 2, 2, 400, 1260, 1190, 0}, {3, 3, 2, 400, 1260, 1190, 0},
+      // m44d
+      {2, 2, 1, 400, 1260, 1190, 10}, {2, 2, 1, 400, 1260, 1190, 25}, {2, 2, 1, 400, 1260, 1190, 50},
+      {2, 2, 1, 400, 1260, 1190, 100}, {2, 2, 1, 0, 0, 0, 25},        {2, 2, 2, 400, 1260, 1190, 25},
+      {3, 3, 2, 400, 1260, 1190, 25}};
+  void (*const chain[2][2][2])(int, int, float*, long long*) = {
+      {{chain_kernel<2, 2, 1>, chain_kernel<2, 2, 2>}, {chain_kernel<2, 3, 1>, chain_kernel<2, 3, 2>}},
+      {{chain_kernel<3, 2, 1>, chain_kernel<3, 2, 2>}, {chain_kernel<3, 3, 1>, chain_kernel<3, 3, 2>}}};
   for (const ChainRow& c : chain_rows) {
-    const ChainParams cp{c.qk_spin, c.pv_spin, c.landing};
+    const ChainParams cp{c.qk_spin, c.pv_spin, c.landing, c.pv_sleep_ns};
     CHECK(cudaMemcpyToSymbol(c_chain, &cp, sizeof(cp)));
-    char name[96];
-    snprintf(name, sizeof(name), "chain S%d P%d qk%d pv%d land%d", c.stages, c.pbufs, c.qk_spin, c.pv_spin, c.landing);
-    const Row r = measure(name, chain[c.stages - 2][c.pbufs - 2], kChainSmemBytes, kCoupled, kKernelRoles, sms, tiles, 0, sink,
-                          spans, h);
+    char name[112];
+    snprintf(name, sizeof(name), "chain S%d P%d Q%d qk%d pv%d land%d sleep%d", c.stages, c.pbufs, c.qk_sets, c.qk_spin,
+             c.pv_spin, c.landing, c.pv_sleep_ns);
+    const Row r = measure(name, chain[c.stages - 2][c.pbufs - 2][c.qk_sets - 1], kChainSmemBytes, kCoupled, kKernelRoles, sms,
+                          tiles, 0, sink, spans, h);
     report("chain", name, 2, 3, kCoupled, 0, kKernelRoles, r);
   }
   json += "]}\n";
