@@ -18,6 +18,11 @@
 // 400 cycles spun on the QK chain (its softmax and hand-off), and `pair_kernel`: the same four modes
 // for one CTA of journal p46's pair-split design (8 QK warps over half the depth, 4 PV warps over
 // half of O), coupled with 0, 400 and 1,500 cycles spun on each QK set's chain (see pair_kernel).
+// Then (journal m44-m44d) `chain_kernel`: the chain model, the kernel's mix coupled through 2 or 3 K
+// stages and 2 or 3 P buffers, with the chain's other links as timed waits (the QK warps' softmax and
+// hand-off, the PV warps' refill, the stage's landing by an SM-clock stamp), and two variants of the
+// roles' pieces: the QK warps with two accumulator sets (m44c), the PV warps throttled by nanosleep
+// (m44d). Where to test a new role mix before it is built.
 //
 // Reported per variant and mode (median over CTAs): QK cycles a tile (its warps' clock64 span over
 // the tiles), PV cycles a tile, PV tiles done per QK tile, and the tensor pipe's work a scheduler as
@@ -393,58 +398,6 @@ __device__ __forceinline__ void qk_tile_mma_2set(uint32_t tile_base, uint32_t lo
     for (int e = 0; e < 4; ++e) s[f][e] += s1[f][e];
 }
 
-// m44e: journal p17's QK mix. Warp g holds Q of its own 16 rows and of its partner's (g ^ 1) over one
-// depth half (half = g & 1: 16 nope k-steps of each m-tile, 128 registers as the kernel's 32 k-steps
-// of one m-tile; the half's 2 rope k-steps of both m-tiles from q_rope), so each K fragment, from half
-// the tile's columns, feeds two mma: 144 HMMA a tile as the kernel's QK warp, half its K reads (4 warps
-// x 18 KB a tile instead of 4 x 36 KB). The partial scores' exchange between the pair is not done
-// here; its time goes into the caller's qk_spin. Registers: the last kQShared nope k-steps of both
-// m-tiles are read by ldmatrix from shared memory (p43's trade), K fragments one k-step ahead; with all
-// 32 k-steps in registers ptxas spilled 8-36 B at the kernel's 184.
-template <int kAhead, int kPin, int kQShared = 2>
-__device__ __forceinline__ void qk_tile_mma_pair32(uint32_t tile_base, uint32_t lo_qk, uint32_t rope0, uint32_t rope1, int half,
-                                                   const uint32_t (&q0)[16 - kQShared][4], const uint32_t (&q1)[16 - kQShared][4],
-                                                   float (&s0)[WsConfig::kBN / 8][4], float (&s1)[WsConfig::kBN / 8][4]) {
-  constexpr int NT = WsConfig::kBN / 8, kNope = 16, kRope = WsConfig::kRopeSteps / 2, kSteps = kNope + kRope;
-#pragma unroll
-  for (int f = 0; f < NT; ++f) s0[f][0] = s0[f][1] = s0[f][2] = s0[f][3] = s1[f][0] = s1[f][1] = s1[f][2] = s1[f][3] = 0.f;
-  uint32_t kb[kAhead + 1][NT / 2][4];
-  auto load_k = [&](int ks, uint32_t (&b)[NT / 2][4]) {
-    const int col_step = ks < kNope ? half * kNope + ks : WsConfig::kNopeSteps + half * kRope + (ks - kNope);
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np)
-      kdtree::ldmatrix_x4(tile_base + lo_qk + col_step * 32 + np * 16 * kdtree::kSmemRowBytes, b[np][0], b[np][1], b[np][2],
-                          b[np][3]);
-  };
-#pragma unroll
-  for (int ks = 0; ks < kAhead; ++ks) load_k(ks, kb[ks]);
-#pragma unroll
-  for (int ks = 0; ks < kSteps; ++ks) {
-    if (ks + kAhead < kSteps) load_k(ks + kAhead, kb[(ks + kAhead) % (kAhead + 1)]);
-    if (ks % kPin == 0) __syncwarp();
-    uint32_t a0[4], a1[4];
-    if (ks < kNope - kQShared) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        a0[e] = q0[ks][e];
-        a1[e] = q1[ks][e];
-      }
-    } else {  // the rope k-steps, and the last kQShared nope k-steps (p43's trade; random data, q_rope's rows)
-      const int r = ((half * kRope + ks - (kNope - kQShared)) % WsConfig::kRopeSteps) * 32;
-      kdtree::ldmatrix_x4(rope0 + r, a0[0], a0[1], a0[2], a0[3]);
-      kdtree::ldmatrix_x4(rope1 + r, a1[0], a1[1], a1[2], a1[3]);
-    }
-    const uint32_t (&b)[NT / 2][4] = kb[ks % (kAhead + 1)];
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      kdtree::mma_bf16_16816(s0[2 * np], a0, b[np][0], b[np][1]);
-      kdtree::mma_bf16_16816(s0[2 * np + 1], a0, b[np][2], b[np][3]);
-      kdtree::mma_bf16_16816(s1[2 * np], a1, b[np][0], b[np][1]);
-      kdtree::mma_bf16_16816(s1[2 * np + 1], a1, b[np][2], b[np][3]);
-    }
-  }
-}
-
 // m44d: ws::pv_tile_mma with the warp asleep for `sleep_ns` (nanosleep) after each of its 8 groups of
 // 8 HMMA a tile, so the PV warps leave the tensor pipe to their scheduler's QK warp more often: the
 // priority the scheduler does not give the critical warp, bought by throttling the others. sleep_ns 0
@@ -475,7 +428,7 @@ __device__ __forceinline__ void pv_tile_mma_throttled(float (&o)[4][8][4], uint3
   }
 }
 
-template <int kStages, int kPBufs, int kQkSets = 1>  // kQkSets: 1 the kernel's QK, 2 two accumulator sets (m44c), 3 p17's mix (m44e)
+template <int kStages, int kPBufs, int kQkSets = 1>  // kQkSets: 1 the kernel's QK, 2 two accumulator sets (m44c)
 __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*delay*/, float* sink, long long* spans) {
   static_assert(kStages >= 2 && kStages <= kChainMaxStages, "2 or 3 stages");
   static_assert(kPBufs >= 2 && kPBufs <= kChainMaxPBufs, "2 or 3 P buffers");
@@ -509,10 +462,7 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*del
     for (int i = 0; i < tiles; ++i) {
       const int s = i % kStages, b = i % kPBufs;
       mbar_wait(p_full + 8 * b, (i / kPBufs) & 1);
-      if constexpr (kQkSets == 3)
-        kdtree::ws::pv_tile_mma(o, chain_p(base, b) + lane_p, chain_stage(base, s), lo_pv);
-      else
-        pv_tile_mma_throttled(o, chain_p(base, b) + lane_p, chain_stage(base, s), lo_pv, cp.pv_sleep_ns);
+      pv_tile_mma_throttled(o, chain_p(base, b) + lane_p, chain_stage(base, s), lo_pv, cp.pv_sleep_ns);
       __syncwarp();
       if (lane == 0) mbar_arrive(p_free + 8 * b);
       spin(cp.pv_spin);
@@ -527,37 +477,6 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*del
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
     const int lane = thread_index_volatile() & 31, g = thread_index_volatile() >> 5;
-    if (kQkSets == 3) {  // m44e: p17's mix
-      uint32_t q0[14][4], q1[14][4];  // qk_tile_mma_pair32's default kQShared = 2
-      const int half = g & 1;
-      kdtree::ws::load_q_nope<14>(base + half * 512, g, lane, q0);
-      kdtree::ws::load_q_nope<14>(base + half * 512, g ^ 1, lane, q1);
-      const uint32_t rope0 = kdtree::ws::qk_lane_rope(base, g, lane), rope1 = kdtree::ws::qk_lane_rope(base, g ^ 1, lane);
-      const uint32_t lo_qk = kdtree::ws::qk_lane_k(lane);
-      float acc = 0.f;
-      const long long t0 = clock64();
-      for (int j = 0; j < tiles; ++j) {
-        const int s = j % kStages;
-        if (j >= kStages) {
-          mbar_wait(free_bar + 8 * s, ((j - kStages) / kStages) & 1);
-          const long long landed = static_cast<long long>(ld_volatile_shared_u64(stamps + 8 * s)) + cp.landing;
-          while (clock64() < landed) {
-          }
-        }
-        float s0[WsConfig::kBN / 8][4], s1[WsConfig::kBN / 8][4];
-        qk_tile_mma_pair32<1, WsConfig::kQkPin>(chain_stage(base, s), lo_qk, rope0, rope1, half, q0, q1, s0, s1);
-#pragma unroll
-        for (int f = 0; f < WsConfig::kBN / 8; ++f) acc += (s0[f][0] + s0[f][1]) + (s1[f][2] + s1[f][3]) + (s0[f][2] + s1[f][1]) + (s0[f][3] + s1[f][0]);
-        spin(cp.qk_spin);
-        const int b = j % kPBufs;
-        if (j >= kPBufs) mbar_wait(p_free + 8 * b, ((j - kPBufs) / kPBufs) & 1);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(p_full + 8 * b);
-      }
-      const long long t1 = clock64();
-      record(sink, spans, acc, t1 - t0, tiles);
-      return;
-    }
     uint32_t q[WsConfig::kNopeSteps][4];
     kdtree::ws::load_q_nope(base, g, lane, q);
     const uint32_t rope = kdtree::ws::qk_lane_rope(base, g, lane);
@@ -761,15 +680,12 @@ int main(int argc, char** argv) {
       // m44d
       {2, 2, 1, 400, 1260, 1190, 10}, {2, 2, 1, 400, 1260, 1190, 25}, {2, 2, 1, 400, 1260, 1190, 50},
       {2, 2, 1, 400, 1260, 1190, 100}, {2, 2, 1, 0, 0, 0, 25},        {2, 2, 2, 400, 1260, 1190, 25},
-      {3, 3, 2, 400, 1260, 1190, 25},
-      // m44e: p17's mix (qk_spin 400 + the pair's exchange, ~300)
-      {2, 2, 3, 0, 0, 0, 0},          {2, 2, 3, 400, 1260, 1190, 0}, {2, 2, 3, 700, 1260, 1190, 0},
-      {3, 3, 3, 700, 1260, 1190, 0},  {2, 2, 3, 700, 0, 1190, 0}};
-  void (*const chain[2][2][3])(int, int, float*, long long*) = {
-      {{chain_kernel<2, 2, 1>, chain_kernel<2, 2, 2>, chain_kernel<2, 2, 3>},
-       {chain_kernel<2, 3, 1>, chain_kernel<2, 3, 2>, chain_kernel<2, 3, 3>}},
-      {{chain_kernel<3, 2, 1>, chain_kernel<3, 2, 2>, chain_kernel<3, 2, 3>},
-       {chain_kernel<3, 3, 1>, chain_kernel<3, 3, 2>, chain_kernel<3, 3, 3>}}};
+      {3, 3, 2, 400, 1260, 1190, 25}};
+  // (m44e's rows, journal p17's QK mix, ran from this file at 87c5472: its variant spilled outside the
+  // QK loop and was removed once the rule closed it.)
+  void (*const chain[2][2][2])(int, int, float*, long long*) = {
+      {{chain_kernel<2, 2, 1>, chain_kernel<2, 2, 2>}, {chain_kernel<2, 3, 1>, chain_kernel<2, 3, 2>}},
+      {{chain_kernel<3, 2, 1>, chain_kernel<3, 2, 2>}, {chain_kernel<3, 3, 1>, chain_kernel<3, 3, 2>}}};
   for (const ChainRow& c : chain_rows) {
     const ChainParams cp{c.qk_spin, c.pv_spin, c.landing, c.pv_sleep_ns};
     CHECK(cudaMemcpyToSymbol(c_chain, &cp, sizeof(cp)));
