@@ -139,6 +139,15 @@ __device__ __forceinline__ float sum_o(const float (&o)[4][8][4]) {
   return acc;
 }
 
+// A QK warp of the kernel's mix (phase_kernel, chain_kernel): Q's nope fragments of its 16 rows into
+// registers and its lanes' ldmatrix offsets, from the kernel's own helpers.
+__device__ __forceinline__ void qk_warp_setup(uint32_t base, int g, int lane, uint32_t (&q)[WsConfig::kNopeSteps][4],
+                                              uint32_t& rope, uint32_t& lo_qk) {
+  kdtree::ws::load_q_nope(base, g, lane, q);
+  rope = kdtree::ws::qk_lane_rope(base, g, lane);
+  lo_qk = kdtree::ws::qk_lane_k(lane);
+}
+
 template <int kMode, int kAhead, int kPin>
 __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay, float* sink, long long* spans) {
   const uint32_t base = smem_addr(g_smem);
@@ -183,10 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1) phase_kernel(int tiles, int delay
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
     if (kMode == kPv) return;
     const int lane = thread_index_volatile() & 31, g = thread_index_volatile() >> 5;
-    uint32_t q[WsConfig::kNopeSteps][4];
-    kdtree::ws::load_q_nope(base, g, lane, q);
-    const uint32_t rope = kdtree::ws::qk_lane_rope(base, g, lane);
-    const uint32_t lo_qk = kdtree::ws::qk_lane_k(lane);
+    uint32_t q[WsConfig::kNopeSteps][4], rope, lo_qk;
+    qk_warp_setup(base, g, lane, q, rope, lo_qk);
     float acc = 0.f;
     const long long t0 = clock64();
     for (int i = 0; i < tiles; ++i) {
@@ -343,11 +350,6 @@ __device__ __forceinline__ uint32_t chain_stage(uint32_t base, int s) {
 __device__ __forceinline__ uint32_t chain_p(uint32_t base, int b) {
   return b < 2 ? base + WsLayout::kPBuf + b * kPBytes : base + kChainP2;
 }
-__device__ __forceinline__ unsigned long long ld_volatile_shared_u64(uint32_t addr) {
-  unsigned long long v;
-  asm volatile("ld.volatile.shared.u64 %0, [%1];\n" : "=l"(v) : "r"(addr) : "memory");
-  return v;
-}
 
 // m44c: ws::qk_tile_mma with the even and odd k-steps in two accumulator sets (8 chains of 18 HMMA
 // a 32-key tile instead of 4 of 36), summed after the loop; the __syncwarp every kPin k-steps keeps
@@ -477,17 +479,15 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(int tiles, int /*del
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(WsConfig::kQkRegs));
     const int lane = thread_index_volatile() & 31, g = thread_index_volatile() >> 5;
-    uint32_t q[WsConfig::kNopeSteps][4];
-    kdtree::ws::load_q_nope(base, g, lane, q);
-    const uint32_t rope = kdtree::ws::qk_lane_rope(base, g, lane);
-    const uint32_t lo_qk = kdtree::ws::qk_lane_k(lane);
+    uint32_t q[WsConfig::kNopeSteps][4], rope, lo_qk;
+    qk_warp_setup(base, g, lane, q, rope, lo_qk);
     float acc = 0.f;
     const long long t0 = clock64();
     for (int j = 0; j < tiles; ++j) {
       const int s = j % kStages;
       if (j >= kStages) {
         mbar_wait(free_bar + 8 * s, ((j - kStages) / kStages) & 1);  // PV(j - S) has refilled it
-        const long long landed = static_cast<long long>(ld_volatile_shared_u64(stamps + 8 * s)) + cp.landing;
+        const long long landed = kdtree::ld_shared_s64(stamps + 8 * s) + cp.landing;  // after the wait: its acquire orders it
         while (clock64() < landed) {
         }
       }
