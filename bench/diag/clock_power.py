@@ -1,0 +1,137 @@
+"""The SM clock and board power each kernel runs at, under sustained load (journal m46).
+
+    (device) python3 bench/diag/clock_power.py 32,8,64,8192 [--seconds 1.5] [--rounds 2] [--paths hopper]
+             [--json PATH]
+
+The benchmark times kernels in microseconds; the per-tile stamps count SM cycles. Between the two
+sits the clock, which the GPU lowers under its power cap (h40b). This runs each implementation's
+graph (the same rotated input sets and calls as bench_verify.py: our op on each path named, and
+FlashMLA) back to back for --seconds, in rounds (ours, FlashMLA, ours, ...), while `nvidia-smi -lms`
+samples the SM clock, the power draw and the active clock-event (throttle) reasons. Per segment it
+prints the median time a call over the segment's second half, the median clock and power of the
+samples in that half, the reasons seen, and the time a call in SM cycles (time x clock), so two
+kernels can be compared at equal clocks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
+import bench_verify as bv  # noqa: E402
+
+QUERY = "clocks.sm,power.draw,clocks_event_reasons.active"
+QUERY_OLD = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+
+
+def smi_fields() -> str:
+    """The query this driver's nvidia-smi accepts (clocks_event_reasons is the newer name)."""
+    ok = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
+                        capture_output=True, text=True)
+    return QUERY if ok.returncode == 0 else QUERY_OLD
+
+
+def graph_of(calls):
+    """Warm up on a side stream, capture the calls once; returns the graph (replayed by the caller)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            for c in calls:
+                c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def segment(g, calls_per_replay: int, seconds: float, fields: str) -> dict:
+    """Replays g back to back for `seconds` (host-paced in batches of replays, each timed by events)
+    while nvidia-smi samples every 25 ms; the statistics of the segment's second half."""
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", "25"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    t0 = time.time()
+    times, stamps = [], []
+    while time.time() - t0 < seconds:
+        evs = [torch.cuda.Event(enable_timing=True) for _ in range(21)]
+        evs[0].record()
+        for i in range(20):
+            g.replay()
+            evs[i + 1].record()
+        evs[-1].synchronize()
+        now = time.time() - t0
+        times += [evs[i].elapsed_time(evs[i + 1]) * 1e3 / calls_per_replay for i in range(20)]
+        stamps += [now] * 20
+    smi.terminate()
+    out, _ = smi.communicate(timeout=10)
+    rows = [r.split(", ") for r in out.strip().splitlines() if r.count(",") >= 2]
+    half = len(rows) // 2
+    clocks = [float(r[0]) for r in rows[half:] if r[0].replace(".", "").isdigit()]
+    power = [float(r[1]) for r in rows[half:] if r[1].replace(".", "").isdigit()]
+    reasons = sorted({r[2].strip() for r in rows[half:]})
+    late = [t for t, s in zip(times, stamps) if s >= seconds / 2] or times
+    us = statistics.median(late)
+    clk = statistics.median(clocks) if clocks else float("nan")
+    return {"us_per_call": us, "sm_clock_mhz": clk, "power_w": statistics.median(power) if power else float("nan"),
+            "reasons": reasons, "samples": len(rows) - half, "replays": len(late),
+            "kcycles_per_call": us * clk / 1e3}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", help="B,H,n,L")
+    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--paths", default="hopper", help="our kernel paths (KDTREE_KERNEL values), comma-separated")
+    ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    B, H, n, L = (int(x) for x in args.shape.split(","))
+    s = bv.Shape(B, H, n, L)
+    from kdtree_backend.kernel import ops
+
+    k_sets = 4
+    batches = bv.input_sets(torch, [L] * B, H, n, k_sets, 12345)
+    outs = [torch.empty(b.num_rows, H * bv.DV, dtype=torch.bfloat16, device=bv.DEVICE) for b in batches]
+    graphs = {}
+    for p in (x.strip() for x in args.paths.split(",") if x.strip()):
+        with bv.kernel_path(p):
+            graphs[p] = graph_of(bv.ours_calls(ops.verify_attention, batches, outs))
+    if not args.no_flashmla:
+        import flash_mla as fm
+
+        gen = torch.Generator(device=bv.DEVICE).manual_seed(7)
+        inputs = [bv.flashmla_inputs(torch, b, s, gen) for b in batches]
+        calls, _ = bv.flashmla_calls(torch, fm, batches, inputs, H, n)
+        graphs["flashmla"] = graph_of(calls)
+    fields = smi_fields()
+    result = {"shape": args.shape, "gpu": torch.cuda.get_device_name(), "fields": fields, "seconds": args.seconds,
+              "segments": []}
+    for r in range(args.rounds):
+        for name, g in graphs.items():
+            seg = segment(g, k_sets, args.seconds, fields)
+            seg.update(name=name, round=r)
+            result["segments"].append(seg)
+            print(f"{args.shape} round {r} {name:9s} {seg['us_per_call']:9.1f} us  clock {seg['sm_clock_mhz']:6.0f} MHz  "
+                  f"power {seg['power_w']:6.1f} W  {seg['kcycles_per_call']:9.1f} kcycles  reasons {seg['reasons']}",
+                  flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
