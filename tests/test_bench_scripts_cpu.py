@@ -612,7 +612,7 @@ def test_p14_register_probe_shows_the_role_budgets(tmp_path):
 
 @pytest.mark.parametrize("script,option", [("timeline.py", "--warm"), ("timeline.py", "--ragged"),
                                            ("tile_timeline.py", "--calls"), ("ragged.py", "--batches"),
-                                           ("call_series.py", "--gap-ms"),
+                                           ("call_series.py", "--gap-ms"), ("clock_power.py", "--seconds"),
                                            ("kernel_times.py", "--calls"), ("smoke.py", "--profile-shape")])
 def test_diagnostic_scripts_get_through_their_imports(script, option):
     """bench/diag/*.py import the op and smoke.py's batch builder at start-up; their --help must come
@@ -773,3 +773,19 @@ def test_smoke_checks_every_timed_path(monkeypatch):
     seen.clear()
     assert smoke.correctness(True, ("portable-tiled",))[0]
     assert {c for c, _ in seen} == {"portable-tiled"} and "KDTREE_KERNEL" not in os.environ
+
+
+def test_clock_power_reads_the_second_half_of_the_samples():
+    """clock_power.py's reading of nvidia-smi's samples: only the second half (the clock has settled
+    under the power cap by then), a truncated line or an [N/A] field left out, the reasons as a set."""
+    spec = importlib.util.spec_from_file_location("clock_power", ROOT / "bench" / "diag" / "clock_power.py")
+    cp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cp)
+    text = "\n".join(["1980, 300.1, 0x0000000000000000", "1980, 450.0, 0x0000000000000000",
+                      "1620, 697.5, 0x0000000000000004", "1605, 699.0, 0x0000000000000004",
+                      "1590, [N/A], 0x0000000000000004", "1650, 696"])
+    st = cp.smi_half_stats(text)
+    assert st["samples"] == 3 and st["sm_clock_mhz"] == 1605.0
+    assert st["power_w"] == (697.5 + 699.0) / 2
+    assert st["reasons"] == ["0x0000000000000004"]
+    assert cp.smi_half_stats("")["samples"] == 0

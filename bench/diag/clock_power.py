@@ -58,6 +58,28 @@ def graph_of(calls):
     return g
 
 
+def smi_half_stats(text: str) -> dict:
+    """The second half of `nvidia-smi --query-gpu=clocks.sm,power.draw,<reasons> -lms` samples (CSV,
+    no header, no units): median SM clock (MHz) and power (W), the set of clock-event reason masks,
+    and the sample count. Lines that are not three fields (a truncated last line) are dropped; a
+    field nvidia-smi could not read ("[N/A]") is left out of its median."""
+    rows = [[f.strip() for f in r.split(",")] for r in text.strip().splitlines()]
+    rows = [r for r in rows if len(r) == 3]
+    rows = rows[len(rows) // 2:]
+
+    def num(v):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+
+    clocks = [c for c in (num(r[0]) for r in rows) if c is not None]
+    power = [w for w in (num(r[1]) for r in rows) if w is not None]
+    return {"sm_clock_mhz": statistics.median(clocks) if clocks else float("nan"),
+            "power_w": statistics.median(power) if power else float("nan"),
+            "reasons": sorted({r[2] for r in rows}), "samples": len(rows)}
+
+
 def segment(g, calls_per_replay: int, seconds: float, fields: str) -> dict:
     """Replays g back to back for `seconds` (host-paced in batches of replays, each timed by events)
     while nvidia-smi samples every 25 ms; the statistics of the segment's second half."""
@@ -77,17 +99,11 @@ def segment(g, calls_per_replay: int, seconds: float, fields: str) -> dict:
         stamps += [now] * 20
     smi.terminate()
     out, _ = smi.communicate(timeout=10)
-    rows = [r.split(", ") for r in out.strip().splitlines() if r.count(",") >= 2]
-    half = len(rows) // 2
-    clocks = [float(r[0]) for r in rows[half:] if r[0].replace(".", "").isdigit()]
-    power = [float(r[1]) for r in rows[half:] if r[1].replace(".", "").isdigit()]
-    reasons = sorted({r[2].strip() for r in rows[half:]})
     late = [t for t, s in zip(times, stamps) if s >= seconds / 2] or times
-    us = statistics.median(late)
-    clk = statistics.median(clocks) if clocks else float("nan")
-    return {"us_per_call": us, "sm_clock_mhz": clk, "power_w": statistics.median(power) if power else float("nan"),
-            "reasons": reasons, "samples": len(rows) - half, "replays": len(late),
-            "kcycles_per_call": us * clk / 1e3}
+    seg = smi_half_stats(out)
+    seg.update(us_per_call=statistics.median(late), replays=len(late))
+    seg["kcycles_per_call"] = seg["us_per_call"] * seg["sm_clock_mhz"] / 1e3
+    return seg
 
 
 def main() -> int:
