@@ -6,7 +6,8 @@
 The benchmark times kernels in microseconds; the per-tile stamps count SM cycles. Between the two
 sits the clock, which the GPU lowers under its power cap (h40b). This runs each implementation's
 graph (the same rotated input sets and calls as bench_verify.py: our op on each path named, and
-FlashMLA) back to back for --seconds, in rounds (ours, FlashMLA, ours, ...), while `nvidia-smi -lms`
+FlashMLA) back to back for --seconds, in rounds (ours then FlashMLA, then the other order), after
+--warmup seconds of load that are not recorded, while `nvidia-smi -lms`
 samples the SM clock, the power draw and the active clock-event (throttle) reasons. Per segment it
 prints the median time a call over the segment's second half, the median clock and power of the
 samples in that half, the reasons seen, and the time a call in SM cycles (time x clock), so two
@@ -29,15 +30,22 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 import bench_verify as bv  # noqa: E402
 
-QUERY = "clocks.sm,power.draw,clocks_event_reasons.active"
-QUERY_OLD = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+# power.draw is averaged over about a second on recent drivers (it lags a segment's start);
+# power.draw.instant is the current reading where the driver has it. clocks_event_reasons is the
+# newer name of clocks_throttle_reasons.
+QUERIES = ("clocks.sm,power.draw.instant,clocks_event_reasons.active",
+           "clocks.sm,power.draw,clocks_event_reasons.active",
+           "clocks.sm,power.draw,clocks_throttle_reasons.active")
 
 
 def smi_fields() -> str:
-    """The query this driver's nvidia-smi accepts (clocks_event_reasons is the newer name)."""
-    ok = subprocess.run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
-                        capture_output=True, text=True)
-    return QUERY if ok.returncode == 0 else QUERY_OLD
+    """The first of QUERIES this driver's nvidia-smi accepts."""
+    for q in QUERIES:
+        ok = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+                            capture_output=True, text=True)
+        if ok.returncode == 0 and "[N/A]" not in ok.stdout and "Not Supported" not in ok.stdout:
+            return q
+    return QUERIES[-1]
 
 
 def graph_of(calls):
@@ -111,6 +119,9 @@ def main() -> int:
     ap.add_argument("shape", help="B,H,n,L")
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup", type=float, default=1.5,
+                    help="seconds of the first graph's replays before the first segment, not recorded (the power "
+                         "controller settles; without it the first segment runs on a cool GPU)")
     ap.add_argument("--paths", default="hopper", help="our kernel paths (KDTREE_KERNEL values), comma-separated")
     ap.add_argument("--no-flashmla", action="store_true")
     ap.add_argument("--json")
@@ -136,8 +147,11 @@ def main() -> int:
     fields = smi_fields()
     result = {"shape": args.shape, "gpu": torch.cuda.get_device_name(), "fields": fields, "seconds": args.seconds,
               "segments": []}
+    if args.warmup > 0:
+        segment(next(iter(graphs.values())), k_sets, args.warmup, fields)
     for r in range(args.rounds):
-        for name, g in graphs.items():
+        order = list(graphs.items()) if r % 2 == 0 else list(graphs.items())[::-1]  # odd rounds: FlashMLA first
+        for name, g in order:
             seg = segment(g, k_sets, args.seconds, fields)
             seg.update(name=name, round=r)
             result["segments"].append(seg)
