@@ -760,10 +760,10 @@ def measure_mma_sync_peak(torch, min_ms=50.0, repeats=5) -> dict:
 _CAPTURE_STREAM = None
 
 
-def _graph_time(torch, calls, args):
-    """Eager warm-up (compiles, allocates workspaces) on the capture stream, capture the K calls
-    once, then time replays: median replay time / K, in microseconds. One capture stream for the
-    whole run, as in SGLang (the op caches its workspace per stream)."""
+def capture_graph(torch, calls):
+    """The calls warmed up eagerly twice (compiles, allocates workspaces) on the capture stream, then
+    captured once into a CUDA graph, replayed once; one capture stream for the whole run, as in SGLang
+    (the op caches its workspace per stream)."""
     global _CAPTURE_STREAM
     if _CAPTURE_STREAM is None:
         _CAPTURE_STREAM = torch.cuda.Stream()
@@ -780,6 +780,13 @@ def _graph_time(torch, calls, args):
             c()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def _graph_time(torch, calls, args):
+    """The K calls captured (capture_graph), then replays timed: median replay time / K, in
+    microseconds."""
+    g = capture_graph(torch, calls)
     probe = statistics.median(_event_times_ms(torch, g.replay, 2))
     reps = int(max(args.min_replays, min(args.max_replays, args.budget_ms / max(probe, 1e-3))))
     ts = _event_times_ms(torch, g.replay, reps)

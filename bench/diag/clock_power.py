@@ -48,24 +48,6 @@ def smi_fields() -> str:
     return QUERIES[-1]
 
 
-def graph_of(calls):
-    """Warm up on a side stream, capture the calls once; returns the graph (replayed by the caller)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            for c in calls:
-                c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
 def smi_half_stats(text: str) -> dict:
     """The second half of `nvidia-smi --query-gpu=clocks.sm,power.draw,<reasons> -lms` samples (CSV,
     no header, no units): median SM clock (MHz) and power (W), the set of clock-event reason masks,
@@ -136,14 +118,14 @@ def main() -> int:
     graphs = {}
     for p in (x.strip() for x in args.paths.split(",") if x.strip()):
         with bv.kernel_path(p):
-            graphs[p] = graph_of(bv.ours_calls(ops.verify_attention, batches, outs))
+            graphs[p] = bv.capture_graph(torch, bv.ours_calls(ops.verify_attention, batches, outs))
     if not args.no_flashmla:
         import flash_mla as fm
 
         gen = torch.Generator(device=bv.DEVICE).manual_seed(7)
         inputs = [bv.flashmla_inputs(torch, b, s, gen) for b in batches]
         calls, _ = bv.flashmla_calls(torch, fm, batches, inputs, H, n)
-        graphs["flashmla"] = graph_of(calls)
+        graphs["flashmla"] = bv.capture_graph(torch, calls)
     fields = smi_fields()
     result = {"shape": args.shape, "gpu": torch.cuda.get_device_name(), "fields": fields, "seconds": args.seconds,
               "segments": []}
