@@ -75,6 +75,11 @@ def test_driver_groups_words_into_steps(drv):
     (["stamps", "hopper"], "stamps PATH SHAPE"),
     (["stamps", "portable", "8x8"], "B,H,n,L"),
     (["ragged", "ampere"], "step ragged"),
+    (["power"], "power SHAPE"),
+    (["power", "8,8,65"], "B,H,n,L"),
+    (["power", "8,8,65,8192", "rounds=0"], "positive"),
+    (["power", "8,8,65,8192", "paths=ampere"], "kernel paths"),
+    (["ab", "x=/tmp/x.so", "seconds=2"], "power step's option"),
     (["bench", "main", "both"] * 4 + ["modes", "ab", "x=/tmp/x.so", "bench", "quick", "hopper"], "result files"),
 ])
 def test_driver_refuses_bad_command_lines(drv, words, match):
@@ -233,6 +238,16 @@ def test_driver_dry_run_of_the_ragged_batches(drv, capsys):
     out = _dry(drv, capsys, "setup", "ragged:120", "portable", "--sets", "2", "ragged")
     assert "python3 bench/diag/ragged.py --paths portable --json /tmp/out/ragged-1.json --sets 2" in out
     assert "python3 bench/diag/ragged.py --paths hopper,portable --json /tmp/out/ragged-2.json" in out
+
+
+def test_driver_dry_run_of_the_power_step(drv, capsys):
+    """`power`: one clock_power.py process over every shape named, its options passed on, power.json
+    (numbered when the step runs twice)."""
+    out = _dry(drv, capsys, "power", "32,8,64,8192", "8,8,65,8192", "paths=hopper,portable", "seconds=1.2",
+               "power:90", "1,8,65,8192")
+    assert ("python3 bench/diag/clock_power.py 32,8,64,8192 8,8,65,8192 --paths=hopper,portable --seconds=1.2 "
+            "--json /tmp/out/power-1.json") in out
+    assert "python3 bench/diag/clock_power.py 1,8,65,8192 --json /tmp/out/power-2.json" in out
 
 
 def test_driver_dry_run_of_the_benchmark_command(drv, capsys):
@@ -773,6 +788,22 @@ def test_smoke_checks_every_timed_path(monkeypatch):
     seen.clear()
     assert smoke.correctness(True, ("portable-tiled",))[0]
     assert {c for c, _ in seen} == {"portable-tiled"} and "KDTREE_KERNEL" not in os.environ
+
+
+def test_clock_power_ratios_against_flashmla():
+    """clock_power.py's summary of one shape: each of our paths' mean time and cycles over the rounds
+    against FlashMLA's; nothing without FlashMLA's segments."""
+    spec = importlib.util.spec_from_file_location("clock_power", ROOT / "bench" / "diag" / "clock_power.py")
+    cp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cp)
+    seg = lambda name, us, kc, mhz: {"name": name, "us_per_call": us, "kcycles_per_call": kc, "sm_clock_mhz": mhz}
+    r = cp.ratios([seg("hopper", 100.0, 180.0, 1800.0), seg("flashmla", 90.0, 150.0, 1667.0),
+                   seg("flashmla", 90.0, 150.0, 1667.0), seg("hopper", 102.0, 180.0, 1765.0)])
+    assert list(r) == ["hopper"]
+    assert abs(r["hopper"]["time_vs_flashmla"] - 101.0 / 90.0) < 1e-12
+    assert abs(r["hopper"]["cycles_vs_flashmla"] - 1.2) < 1e-12
+    assert r["hopper"]["clock_mhz"] == 1782.5 and r["hopper"]["flashmla_clock_mhz"] == 1667.0
+    assert cp.ratios([seg("hopper", 1.0, 1.0, 1.0)]) == {}
 
 
 def test_clock_power_reads_the_second_half_of_the_samples():

@@ -23,6 +23,11 @@ A step name starts a step and the words after it, up to the next step name, are 
   bench GRID PATHS [OPT ...]   bench/bench_verify.py --grid GRID --paths PATHS, its --time-limit taken from
                                the step's budget; OPTs go to bench_verify.py as they are
   modes [OPT ...]              bench/bench_modes.py (--bs 8,128 unless OPTs give --bs)
+  power SHAPE ... [paths=P] [seconds=S] [rounds=R]
+                               bench/diag/clock_power.py: each shape's graphs of our op (paths P, default
+                               hopper) and of FlashMLA replayed back to back under sustained load, with
+                               nvidia-smi's SM clock, power and clock-event reasons: time, cycles and
+                               clock a call against FlashMLA at the power cap (journal m46); power.json
   ragged [PATHS] [OPT ...]     bench/diag/ragged.py: ragged batches (requests of different prefix lengths)
                                on our kernel paths (default hopper,portable) against FlashMLA, float64-checked
   profile PATH SHAPE           ncu --clock-control none on one kernel path and one B,H,n,L shape:
@@ -57,7 +62,7 @@ there (its build failed) is skipped.
 
 Output: under $OUT (or --out), at most 8 files: run.json (commit, command, each step's and
 command's exit code, seconds and summary lines), logs.tar.gz (every log and file of the work
-directory, rewritten after each step) and the result JSONs (bench-GRID.json, modes.json, ab.json, ragged.json;
+directory, rewritten after each step) and the result JSONs (bench-GRID.json, modes.json, ab.json, ragged.json, power.json;
 bench_verify.py rewrites its JSON after every shape). Logs live in --work (default
 /tmp/kdtree-device). --dry-run prints the commands without running anything (no GPU needed).
 """
@@ -118,7 +123,7 @@ NCU_SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats", "ComputeWork
 # step name -> (default budget in seconds, per kernel path?); None: shares what is left (bench)
 DEFAULT_BUDGETS = {"setup": (240.0, False), "tests": (150.0, True), "sanitize": (300.0, True), "bench": (None, False),
                    "modes": (150.0, False), "profile": (240.0, False), "ab": (300.0, False), "stamps": (120.0, False),
-                   "ragged": (150.0, False), "probe": (120.0, False)}
+                   "ragged": (150.0, False), "probe": (120.0, False), "power": (150.0, False)}
 # the kernel paths whose tile loops stamp their hand-offs (csrc/common/tile_stamps.cuh)
 STAMP_PATHS = ("portable", "hopper")
 STEPS = tuple(DEFAULT_BUDGETS)
@@ -159,7 +164,7 @@ class Step:
 
     def plain(self) -> list:
         """The arguments that are not `key=value` options of the driver."""
-        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes|slots|from|part)=", a)]
+        return [a for a in self.args if not re.match(r"^(lib|name|paths|shapes|slots|from|part|seconds|rounds)=", a)]
 
 
 # ------------------------------------------------------------------------------------------
@@ -209,11 +214,11 @@ def _check_shape(step: str, shape: str) -> None:
 
 def _check_step(s: Step) -> None:
     plain = s.plain()
-    need = {"tests": 1, "sanitize": 1, "bench": 2, "profile": 2, "stamps": 2, "probe": 1}.get(s.name, 0)
+    need = {"tests": 1, "sanitize": 1, "bench": 2, "profile": 2, "stamps": 2, "probe": 1, "power": 1}.get(s.name, 0)
     if len(plain) < need:
         usage = {"tests": "tests PATHS", "sanitize": "sanitize PATHS", "bench": "bench GRID PATHS [OPT ...]",
                  "profile": "profile PATH SHAPE", "stamps": "stamps PATH SHAPE ... [from=DIR]",
-                 "probe": "probe NAME [ARG ...]"}[s.name]
+                 "probe": "probe NAME [ARG ...]", "power": "power SHAPE ... [paths=P] [seconds=S] [rounds=R]"}[s.name]
         raise UsageError(f"step {s.name}: want `{usage}`, got {s.args}")
     if s.name == "probe" and not (re.fullmatch(r"[A-Za-z0-9_]+", plain[0]) and probe_source(plain[0]).is_file()):
         have = sorted(p.stem for p in (ROOT / "bench" / "diag").glob("*.cu"))
@@ -222,6 +227,9 @@ def _check_step(s: Step) -> None:
         parse_paths(plain[1] if s.name == "bench" else plain[0])
     if s.name in ("tests", "sanitize") and len(plain) > 1:
         raise UsageError(f"step {s.name}: unexpected {plain[1:]}")
+    for opt in ("seconds", "rounds"):
+        if s.option(opt) is not None and s.name != "power":
+            raise UsageError(f"step {s.name}: {opt}= is the power step's option")
     if s.option("part") is not None:
         if s.name != "sanitize":
             raise UsageError(f"step {s.name}: part= is the sanitize step's option")
@@ -248,6 +256,19 @@ def _check_step(s: Step) -> None:
             parse_paths(s.option("paths"))
         if s.option("slots") and s.option("slots") not in SLOT_ORDERS:
             raise UsageError(f"step ab: slots={s.option('slots')} (one of {', '.join(SLOT_ORDERS)})")
+    if s.name == "power":
+        for shape in plain:
+            _check_shape("power", shape)
+        if s.option("paths"):
+            parse_paths(s.option("paths"))
+        for opt, kind in (("seconds", float), ("rounds", int)):
+            if s.option(opt) is not None:
+                try:
+                    ok = kind(s.option(opt)) > 0
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise UsageError(f"step power: {opt}={s.option(opt)} (a positive number)")
     if s.name == "ragged":
         try:
             parse_paths(ragged_args(plain)[0])
@@ -263,7 +284,7 @@ def result_file(s: Step, steps: list) -> Optional[str]:
         base = "bench-" + s.plain()[0].replace(",", "-")
         same = [t for t in steps if t.name == "bench" and t.plain()[0] == s.plain()[0]]
         return base + (f"-{same.index(s) + 1}" if len(same) > 1 else "") + ".json"
-    if s.name in ("modes", "ab", "ragged"):
+    if s.name in ("modes", "ab", "ragged", "power"):
         same = [t for t in steps if t.name == s.name]
         return s.name + (f"-{same.index(s) + 1}" if len(same) > 1 else "") + ".json"
     if s.name == "probe" and probe_takes_json(s.plain()[0]):
@@ -472,6 +493,13 @@ def commands_ragged(s: Step, ctx: Context, out_name: str) -> list:
                     echo=r"x FlashMLA|geomean|ERROR|Error", echo_last=12)]
 
 
+def commands_power(s: Step, ctx: Context, out_name: str) -> list:
+    opts = [f"--{o}={s.option(o)}" for o in ("paths", "seconds", "rounds") if s.option(o)]
+    return [Command("clock and power at the cap", [PYTHON, "bench/diag/clock_power.py", *s.plain(), *opts, "--json",
+                                                     str(ctx.out / out_name)], "power.log",
+                    echo=r"/ FlashMLA|Error|error", echo_last=4)]
+
+
 def commands_profile(s: Step, ctx: Context) -> list:
     path, shape = s.plain()[:2]
     tag = f"{path}-{shape.replace(',', '_')}{_lib_tag(s)}"
@@ -594,9 +622,9 @@ def ab_summary(work: Path, names: list, paths: list, out: Path) -> str:
 def step_commands(s: Step, steps: list, ctx: Context, budget: float) -> list:
     if s.name == "bench":
         cmds = commands_bench(s, ctx, budget, result_file(s, steps))
-    elif s.name in ("modes", "ab", "ragged", "probe"):
+    elif s.name in ("modes", "ab", "ragged", "probe", "power"):
         cmds = {"modes": commands_modes, "ab": commands_ab, "ragged": commands_ragged,
-                "probe": commands_probe}[s.name](s, ctx, result_file(s, steps))
+                "probe": commands_probe, "power": commands_power}[s.name](s, ctx, result_file(s, steps))
     else:
         cmds = {"setup": commands_setup, "tests": commands_tests, "sanitize": commands_sanitize,
                 "profile": commands_profile, "stamps": commands_stamps}[s.name](s, ctx)

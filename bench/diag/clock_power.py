@@ -1,7 +1,9 @@
 """The SM clock and board power each kernel runs at, under sustained load (journal m46).
 
-    (device) python3 bench/diag/clock_power.py 32,8,64,8192 [--seconds 1.5] [--rounds 2] [--paths hopper]
-             [--json PATH]
+    (device) python3 bench/diag/clock_power.py 32,8,64,8192 [B,H,n,L ...] [--seconds 1.5] [--rounds 2]
+             [--warmup 1.5] [--paths hopper] [--json PATH]
+
+(the device driver's `power` step runs it: `bench/device/run.py power SHAPE ...`)
 
 The benchmark times kernels in microseconds; the per-tile stamps count SM cycles. Between the two
 sits the clock, which the GPU lowers under its power cap (h40b). This runs each implementation's
@@ -96,19 +98,25 @@ def segment(g, calls_per_replay: int, seconds: float, fields: str) -> dict:
     return seg
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("shape", help="B,H,n,L")
-    ap.add_argument("--seconds", type=float, default=1.5)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--warmup", type=float, default=1.5,
-                    help="seconds of the first graph's replays before the first segment, not recorded (the power "
-                         "controller settles; without it the first segment runs on a cool GPU)")
-    ap.add_argument("--paths", default="hopper", help="our kernel paths (KDTREE_KERNEL values), comma-separated")
-    ap.add_argument("--no-flashmla", action="store_true")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    B, H, n, L = (int(x) for x in args.shape.split(","))
+def ratios(segments: list) -> dict:
+    """Per kernel path, its mean time and cycles a call over the rounds divided by FlashMLA's (the
+    segments of one shape; {} without FlashMLA's)."""
+    def mean(name, key):
+        xs = [g[key] for g in segments if g["name"] == name]
+        return sum(xs) / len(xs) if xs else None
+
+    fm_us, fm_kc = mean("flashmla", "us_per_call"), mean("flashmla", "kcycles_per_call")
+    if not fm_us:
+        return {}
+    return {name: {"time_vs_flashmla": mean(name, "us_per_call") / fm_us,
+                   "cycles_vs_flashmla": mean(name, "kcycles_per_call") / fm_kc,
+                   "clock_mhz": mean(name, "sm_clock_mhz"), "flashmla_clock_mhz": mean("flashmla", "sm_clock_mhz")}
+            for name in dict.fromkeys(g["name"] for g in segments) if name != "flashmla"}
+
+
+def measure_shape(shape: str, args, fields: str) -> dict:
+    """One shape: the graphs of our paths and FlashMLA's, an unrecorded warm-up, then the rounds."""
+    B, H, n, L = (int(x) for x in shape.split(","))
     s = bv.Shape(B, H, n, L)
     from kdtree_backend.kernel import ops
 
@@ -126,9 +134,7 @@ def main() -> int:
         inputs = [bv.flashmla_inputs(torch, b, s, gen) for b in batches]
         calls, _ = bv.flashmla_calls(torch, fm, batches, inputs, H, n)
         graphs["flashmla"] = bv.capture_graph(torch, calls)
-    fields = smi_fields()
-    result = {"shape": args.shape, "gpu": torch.cuda.get_device_name(), "fields": fields, "seconds": args.seconds,
-              "segments": []}
+    result = {"shape": shape, "segments": []}
     if args.warmup > 0:
         segment(next(iter(graphs.values())), k_sets, args.warmup, fields)
     for r in range(args.rounds):
@@ -137,11 +143,38 @@ def main() -> int:
             seg = segment(g, k_sets, args.seconds, fields)
             seg.update(name=name, round=r)
             result["segments"].append(seg)
-            print(f"{args.shape} round {r} {name:9s} {seg['us_per_call']:9.1f} us  clock {seg['sm_clock_mhz']:6.0f} MHz  "
+            print(f"{shape} round {r} {name:9s} {seg['us_per_call']:9.1f} us  clock {seg['sm_clock_mhz']:6.0f} MHz  "
                   f"power {seg['power_w']:6.1f} W  {seg['kcycles_per_call']:9.1f} kcycles  reasons {seg['reasons']}",
                   flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    result["vs_flashmla"] = ratios(result["segments"])
+    for name, v in result["vs_flashmla"].items():
+        print(f"{shape} {name} / FlashMLA: time {v['time_vs_flashmla']:.3f}, cycles {v['cycles_vs_flashmla']:.3f}, "
+              f"clock {v['clock_mhz']:.0f} vs {v['flashmla_clock_mhz']:.0f} MHz", flush=True)
+    del graphs
+    torch.cuda.synchronize()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shapes", nargs="+", help="B,H,n,L (several, or 'B,H,n,L;B,H,n,L')")
+    ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup", type=float, default=1.5,
+                    help="seconds of the first graph's replays before the first segment, not recorded (the power "
+                         "controller settles; without it the first segment runs on a cool GPU)")
+    ap.add_argument("--paths", default="hopper", help="our kernel paths (KDTREE_KERNEL values), comma-separated")
+    ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    shapes = [x.strip() for a in args.shapes for x in a.split(";") if x.strip()]
+    fields = smi_fields()
+    doc = {"gpu": torch.cuda.get_device_name(), "fields": fields, "seconds": args.seconds, "rounds": args.rounds,
+           "warmup": args.warmup, "paths": args.paths, "shapes": []}
+    for shape in shapes:
+        doc["shapes"].append(measure_shape(shape, args, fields))
+        if args.json:  # rewritten after every shape, so a stopped run keeps what it measured
+            Path(args.json).write_text(json.dumps(doc, indent=1))
     return 0
 
 
