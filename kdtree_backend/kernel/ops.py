@@ -96,9 +96,16 @@ def library_info() -> dict:
     }
 
 
+def _device_index(device: torch.device | int | None) -> int:
+    """The CUDA device index of `device` (an int, a torch.device, or None: the current device)."""
+    if isinstance(device, int):
+        return device
+    return device.index if device is not None and device.index is not None else torch.cuda.current_device()
+
+
 def probe_device(device: torch.device | int) -> str:
     """Check once per device that the library has a kernel image for it; returns the report."""
-    index = device if isinstance(device, int) else (device.index if device.index is not None else torch.cuda.current_device())
+    index = _device_index(device)
     lib = _cdll()
     buf = ctypes.create_string_buffer(1024)
     rc = lib.kdtree_probe_device(index, buf, len(buf))
@@ -169,9 +176,7 @@ _resolved: dict[tuple[int, str], int] = {}
 
 def selected_kernel(device_index: int | None = None) -> str:
     """The kernel path verify_attention runs on this GPU: "hopper", "portable" or "portable-tiled"."""
-    if device_index is None:
-        device_index = torch.cuda.current_device()
-    return abi.CONFIG_NAMES[_kernel_config(_cdll(), device_index)]
+    return abi.CONFIG_NAMES[_kernel_config(_cdll(), _device_index(device_index))]
 
 
 def _kernel_config(lib, device_index: int) -> int:
@@ -283,7 +288,7 @@ def verify_attention(
         return out
 
     lib = _cdll()
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device_index(device)
     if index not in _probed_devices:
         probe_device(index)
         _probed_devices.add(index)
